@@ -1,0 +1,116 @@
+// torus/comm/context.h — bootstrap: who am I, where is everybody, and the
+// world communicators. Free of LibTorch; torus::init() (process_group.h)
+// wraps a Context in the world ProcessGroup.
+//
+// Bootstrap order (DESIGN.md): explicit InitOptions > TORUS_* variables >
+// Open MPI (OMPI_COMM_WORLD_*) > PMIx (PMIX_RANK) > Slurm (SLURM_PROCID...,
+// only inside a step: SLURM_STEP_ID set) > torchrun (RANK, WORLD_SIZE,
+// LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) > single process.
+// The source used is logged.
+//
+// Store address and job token (Note [Store security] in store.h):
+//  * TORUS_MASTER_ADDR/PORT (or MASTER_ADDR/PORT, or options) name rank 0's
+//    store; rank 0 listens on exactly that address.
+//  * Launched by Open MPI without a master address, rank 0 listens on the
+//    interface chosen by TORUS_SOCKET_IFNAME (loopback when the whole job is
+//    on one host, else the interface of the default route) and hands address,
+//    port and — if the launcher gave none — a freshly generated job token to
+//    the ranks through MPI.
+//  * Otherwise the token comes from TORUS_JOB_TOKEN (options.job_token). Only
+//    a single-host job whose store listens on loopback may run without one
+//    (a warning says so).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "torus/comm/backend.h"
+#include "torus/comm/store.h"
+#include "torus/comm/types.h"
+
+namespace torus::comm {
+
+struct InitOptions {
+  std::optional<int> rank;
+  std::optional<int> world_size;
+  std::optional<int> local_rank;
+  std::optional<int> local_size;
+  std::string master_addr;
+  std::optional<int> master_port;
+  std::string job_token;
+  std::string host_backend;   // "mpi" | "ofi"; empty: TORUS_BACKEND, else the first built
+  Duration timeout{0};        // default op deadline; 0: TORUS_TIMEOUT_MS (10 min)
+};
+
+struct LaunchInfo {
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  int local_size = 1;
+  std::string source;         // "options", "torus-env", "open-mpi", "pmix", "slurm", "torchrun", "single"
+  std::string master_addr;    // empty: chosen by the bootstrap
+  int master_port = 0;
+  bool launched_by_mpi = false;
+};
+
+// Reads rank information following the precedence above from `getenv`
+// (injectable for tests). Throws InvalidArgument on inconsistent values
+// (rank >= world size, negative, half-specified pairs).
+using GetEnv = std::function<std::optional<std::string>(const char*)>;
+LaunchInfo detect_launch(const InitOptions& options, const GetEnv& getenv);
+
+// Which hosts the ranks are on, from a hostname exchange through the Store.
+struct HostMap {
+  std::vector<int> host_of_rank;       // host index per world rank (by first appearance)
+  std::vector<std::string> hostnames;  // per host index
+  int num_hosts() const { return static_cast<int>(hostnames.size()); }
+};
+
+class Context {
+ public:
+  // Runs the whole bootstrap: launch detection, store, host map, the world
+  // host backend. Collective over the job. Throws InvalidArgument on bad
+  // configuration, TimeoutError if peers do not arrive within the store
+  // timeout.
+  static std::shared_ptr<Context> create(const InitOptions& options = {});
+  ~Context();
+
+  const LaunchInfo& launch() const { return launch_; }
+  int rank() const { return launch_.rank; }
+  int world_size() const { return launch_.world_size; }
+  const HostMap& hosts() const { return hosts_; }
+  const std::shared_ptr<Store>& store() const { return store_; }
+  Duration default_timeout() const { return timeout_; }
+
+  // The world communicator of the host (CPU) backend.
+  const BackendPtr& host_backend() const { return host_backend_; }
+  std::string_view host_backend_name() const;
+
+  // Names of host backends compiled into this build ("mpi", "ofi").
+  static std::vector<std::string> available_host_backends();
+
+ private:
+  Context() = default;
+  LaunchInfo launch_;
+  HostMap hosts_;
+  Duration timeout_{0};
+  std::unique_ptr<TcpStoreServer> server_;
+  std::shared_ptr<Store> store_;
+  BackendPtr host_backend_;
+};
+
+// Factory used by Context for the world backend of a given name. Each backend
+// lives in its own directory and provides one of these (see
+// src/comm/backend_factory.cpp). Throws Unsupported for a name not built in.
+struct BackendInit {
+  const LaunchInfo* launch = nullptr;
+  const HostMap* hosts = nullptr;
+  std::shared_ptr<Store> store;
+  Duration timeout{0};
+};
+BackendPtr create_world_backend(const std::string& name, const BackendInit& init);
+
+}  // namespace torus::comm

@@ -1,0 +1,14 @@
+# Torch-free comm: store, bootstrap, Work, types, backend factory.
+target_sources(torus_base PRIVATE
+  ${CMAKE_CURRENT_LIST_DIR}/types.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/work.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/store.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/store_server.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/store_protocol.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/launch.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/context.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/backend_factory.cpp)
+# The tensor-facing layer.
+target_sources(torus PRIVATE
+  ${CMAKE_CURRENT_LIST_DIR}/process_group.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/device_mesh.cpp)

@@ -1,0 +1,98 @@
+#include "torus/comm/work.h"
+
+#include "core/log.h"
+
+namespace torus::comm {
+
+std::string WorkInfo::describe() const {
+  std::string s = fmt::format("{} seq {} on group '{}' (rank {}/{}, {}, sizes [{}]", op_type_name(op), seq, group,
+                              rank, group_size, dtype_name(dtype), fmt::join(sizes, ", "));
+  if (peer >= 0) {
+    s += fmt::format(", {} {}", (op == OpType::kSend || op == OpType::kRecv) ? "peer" : "root", peer);
+  }
+  return s + ")";
+}
+
+bool Work::is_completed() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return done_;
+}
+
+void Work::wait() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return done_; });
+  if (error_) std::rethrow_exception(error_);
+}
+
+void Work::wait(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!cv_.wait_for(lock, timeout, [&] { return done_; })) {
+    throw TimeoutError(fmt::format("wait() gave up after {} ms on {}; the op is still running", timeout.count(),
+                                   info_.describe()));
+  }
+  if (error_) std::rethrow_exception(error_);
+}
+
+std::exception_ptr Work::exception() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return error_;
+}
+
+bool Work::succeeded() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return done_ && !error_;
+}
+
+void Work::mark_completed() { finish(nullptr); }
+void Work::mark_failed(std::exception_ptr error) { finish(error ? error : std::make_exception_ptr(CommError("failed"))); }
+
+void Work::finish(std::exception_ptr error) {
+  std::vector<std::function<void(std::exception_ptr)>> callbacks;
+  std::vector<std::shared_ptr<void>> keep;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (done_) return;
+    callbacks.swap(callbacks_);
+  }
+  for (auto& fn : callbacks) {
+    try {
+      fn(error);
+    } catch (...) {
+      if (!error) error = std::current_exception();
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    done_ = true;
+    error_ = error;
+    keep.swap(keep_alive_);
+  }
+  cv_.notify_all();
+  keep.clear();  // release tensors outside the lock
+}
+
+void Work::keep_alive(std::shared_ptr<void> object) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!done_) keep_alive_.push_back(std::move(object));
+}
+
+void Work::on_complete(std::function<void(std::exception_ptr)> fn) {
+  std::exception_ptr err;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!done_) {
+      callbacks_.push_back(std::move(fn));
+      return;
+    }
+    err = error_;
+  }
+  fn(err);
+}
+
+WorkPtr make_completed_work(WorkInfo info) {
+  auto w = std::make_shared<Work>(std::move(info));
+  w->mark_completed();
+  return w;
+}
+
+}  // namespace torus::comm
