@@ -1,0 +1,1 @@
+target_sources(torus_base PRIVATE ${CMAKE_CURRENT_LIST_DIR}/reduce.cpp)
