@@ -1,1 +1,222 @@
-// placeholder
+// The bootstrap (context.h): launch detection, the rendezvous store, the host
+// map and the world host backend.
+#include "torus/comm/context.h"
+
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netdb.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <algorithm>
+#include <map>
+#include <thread>
+
+#include "core/log.h"
+#include "torus/config.h"
+#include "torus/core/params.h"
+#if TORUS_WITH_MPI
+#include "comm/mpi/mpi_bootstrap.h"
+#endif
+
+namespace torus::comm {
+namespace {
+
+using namespace std::chrono_literals;
+
+std::optional<std::string> process_getenv(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr) return std::nullopt;
+  return std::string(v);
+}
+
+bool is_loopback(const std::string& addr) {
+  return addr == "localhost" || addr == "::1" || addr.rfind("127.", 0) == 0;
+}
+
+// Resolves a host name or address to a numeric address to bind or connect.
+std::string numeric_address(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &res);
+  TORUS_CHECK(rc == 0 && res != nullptr, InvalidArgument, "cannot resolve store address '{}': {}", host,
+              gai_strerror(rc));
+  char buf[INET6_ADDRSTRLEN] = {0};
+  const void* src = res->ai_family == AF_INET ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(res->ai_addr)->sin_addr)
+                                              : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(res->ai_addr)->sin6_addr);
+  ::inet_ntop(res->ai_family, src, buf, sizeof(buf));
+  ::freeaddrinfo(res);
+  return buf;
+}
+
+// The IPv4 address of interface `ifname`, or of the first non-loopback
+// interface that is up when `ifname` is empty.
+std::string interface_address(const std::string& ifname) {
+  ifaddrs* list = nullptr;
+  TORUS_CHECK_SYS(::getifaddrs(&list), "getifaddrs");
+  std::string found;
+  for (ifaddrs* it = list; it != nullptr; it = it->ifa_next) {
+    if (it->ifa_addr == nullptr || it->ifa_addr->sa_family != AF_INET) continue;
+    if (!(it->ifa_flags & IFF_UP)) continue;
+    bool loop = (it->ifa_flags & IFF_LOOPBACK) != 0;
+    if (ifname.empty() ? loop : ifname != it->ifa_name) continue;
+    char buf[INET_ADDRSTRLEN];
+    ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(it->ifa_addr)->sin_addr, buf, sizeof(buf));
+    found = buf;
+    break;
+  }
+  ::freeifaddrs(list);
+  TORUS_CHECK(!found.empty(), InvalidArgument, "no IPv4 address on {} for the store (set TORUS_SOCKET_IFNAME)",
+              ifname.empty() ? std::string("any non-loopback interface") : "interface '" + ifname + "'");
+  return found;
+}
+
+// Host identity: the host name plus the network namespace, so that ranks in
+// different network namespaces of one machine count as different hosts.
+std::string host_identity() {
+  char name[256] = {0};
+  ::gethostname(name, sizeof(name) - 1);
+  std::string id = name;
+  struct stat st{};
+  if (::stat("/proc/self/ns/net", &st) == 0) id += fmt::format("#net{}", static_cast<unsigned long>(st.st_ino));
+  return id;
+}
+
+}  // namespace
+
+std::shared_ptr<Context> Context::create(const InitOptions& options) {
+  const EnvParams& params = env_params();
+  set_log_level(params.log_level);
+  std::shared_ptr<Context> ctx(new Context());
+  ctx->launch_ = detect_launch(options, process_getenv);
+  LaunchInfo& L = ctx->launch_;
+  set_log_rank(L.rank, L.world_size);
+  ctx->timeout_ = options.timeout.count() > 0 ? options.timeout : params.timeout;
+
+  std::string token = !options.job_token.empty() ? options.job_token : params.job_token;
+  const bool single_host_hint = L.local_size > 0 && L.local_size == L.world_size;
+
+  // --- the store --------------------------------------------------------------
+  std::string host;
+  int port = 0;
+  if (L.world_size == 1 && L.master_addr.empty()) {
+    if (token.empty()) token = generate_job_token();
+    ctx->server_ = std::make_unique<TcpStoreServer>(TcpStoreServer::Options{"127.0.0.1", 0, token});
+    host = "127.0.0.1";
+    port = ctx->server_->port();
+  } else if (L.master_addr.empty()) {
+#if TORUS_WITH_MPI
+    // Launched by Open MPI: rank 0 chooses, MPI hands out address and token.
+    std::string payload;
+    if (L.rank == 0) {
+      std::string bind = !params.socket_ifname.empty() ? interface_address(params.socket_ifname)
+                         : single_host_hint            ? std::string("127.0.0.1")
+                                                       : interface_address("");
+      if (token.empty()) token = generate_job_token();
+      ctx->server_ = std::make_unique<TcpStoreServer>(TcpStoreServer::Options{bind, 0, token});
+      payload = fmt::format("{} {} {}", bind, ctx->server_->port(), token);
+    }
+    payload = mpi_bootstrap_broadcast(payload);
+    auto sp1 = payload.find(' ');
+    auto sp2 = payload.find(' ', sp1 + 1);
+    TORUS_CHECK(sp1 != std::string::npos && sp2 != std::string::npos, CommError, "malformed store address from rank 0");
+    host = payload.substr(0, sp1);
+    port = std::stoi(payload.substr(sp1 + 1, sp2 - sp1 - 1));
+    token = payload.substr(sp2 + 1);
+#else
+    throw InvalidArgument(
+        "launched by Open MPI but this Torus was built without MPI: set TORUS_MASTER_ADDR and TORUS_MASTER_PORT");
+#endif
+  } else {
+    host = L.master_addr;
+    port = L.master_port;
+    if (token.empty()) {
+      TORUS_CHECK(is_loopback(host), InvalidArgument,
+                  "the store at {}:{} is reachable from the network, so the job needs a token: set TORUS_JOB_TOKEN "
+                  "to the same secret on every rank (e.g. `openssl rand -hex 32`)",
+                  host, port);
+      TORUS_LOG_WARN("no TORUS_JOB_TOKEN: the store listens on loopback only, using a fixed local token");
+      token = "torus-loopback-only";
+    }
+    if (L.rank == 0) {
+      ctx->server_ = std::make_unique<TcpStoreServer>(TcpStoreServer::Options{numeric_address(host), port, token});
+    }
+  }
+  ctx->store_ = std::make_shared<TcpStore>(TcpStore::Options{host, port, token, params.store_timeout});
+
+  // --- hosts ------------------------------------------------------------------
+  const auto& store = ctx->store_;
+  store->set_string(fmt::format("torus/host/{}", L.rank), host_identity());
+  std::map<std::string, int> index_of;
+  ctx->hosts_.host_of_rank.resize(L.world_size);
+  for (int r = 0; r < L.world_size; ++r) {
+    std::string h = store->get_string(fmt::format("torus/host/{}", r), params.store_timeout);
+    auto [it, added] = index_of.emplace(h, static_cast<int>(ctx->hosts_.hostnames.size()));
+    if (added) ctx->hosts_.hostnames.push_back(h);
+    ctx->hosts_.host_of_rank[r] = it->second;
+  }
+  int my_host = ctx->hosts_.host_of_rank[L.rank];
+  int local_rank = 0, local_size = 0;
+  for (int r = 0; r < L.world_size; ++r) {
+    if (ctx->hosts_.host_of_rank[r] != my_host) continue;
+    if (r < L.rank) ++local_rank;
+    ++local_size;
+  }
+  if (L.local_size > 0 && L.local_size != local_size) {
+    TORUS_LOG_WARN("launcher says local size {}, the host exchange found {} ranks on this host; using the launcher's",
+                   L.local_size, local_size);
+  }
+  if (L.local_rank < 0) L.local_rank = local_rank;
+  if (L.local_size < 0) L.local_size = local_size;
+
+  // --- the host backend ---------------------------------------------------------
+  std::string backend = !options.host_backend.empty() ? options.host_backend : params.host_backend;
+  if (backend.empty()) {
+    auto built = available_host_backends();
+    TORUS_CHECK(!built.empty(), Unsupported, "this Torus was built without a host backend (mpi or ofi)");
+    backend = (L.launched_by_mpi && std::find(built.begin(), built.end(), "mpi") != built.end()) ? "mpi" : built.front();
+    if (!L.launched_by_mpi && backend == "mpi" && built.size() > 1) backend = built[1];
+  }
+
+  if (L.rank == 0) {
+    TORUS_LOG_INFO("bootstrap: {} ranks from {}, {} host(s), store {}:{}, host backend {}, default timeout {} ms",
+                   L.world_size, L.source, ctx->hosts_.num_hosts(), host, port, backend, ctx->timeout_.count());
+    for (const auto& [name, value] : params.describe()) TORUS_LOG_DEBUG("param {} = {}", name, value);
+  }
+  for (const auto& name : params.unknown) {
+    TORUS_LOG_WARN("unknown environment variable {} ignored (typo? see docs/params.md)", name);
+  }
+
+  BackendInit init{&ctx->launch_, &ctx->hosts_, ctx->store_, ctx->timeout_};
+  ctx->host_backend_ = create_world_backend(backend, init);
+  return ctx;
+}
+
+std::string_view Context::host_backend_name() const { return host_backend_ ? host_backend_->name() : ""; }
+
+Context::~Context() {
+  // Backends go first (they may use the store while shutting down). Rank 0's
+  // store server must outlive the other ranks' last requests: everyone checks
+  // in, and rank 0 waits (bounded) for all check-ins before closing it.
+  host_backend_.reset();
+  if (!store_) return;
+  try {
+    store_->add("torus/shutdown", 1);
+    if (server_) {
+      auto deadline = std::chrono::steady_clock::now() + 30s;
+      while (store_->add("torus/shutdown", 0) < launch_.world_size && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(5ms);
+      }
+    }
+  } catch (const std::exception& e) {
+    TORUS_LOG_DEBUG("store check-out at shutdown failed: {}", e.what());
+  }
+  store_.reset();
+  server_.reset();
+}
+
+}  // namespace torus::comm

@@ -1,1 +1,126 @@
-// placeholder
+// Launch detection: rank, world size, local rank/size and the store address,
+// following the precedence written in context.h.
+#include <cstdlib>
+#include <string>
+
+#include "core/log.h"
+#include "torus/comm/context.h"
+
+namespace torus::comm {
+namespace {
+
+struct Reader {
+  const GetEnv& getenv;
+
+  std::optional<int> integer(const char* name, int min_value) const {
+    auto s = getenv(name);
+    if (!s || s->empty()) return std::nullopt;
+    char* end = nullptr;
+    errno = 0;
+    long v = std::strtol(s->c_str(), &end, 10);
+    TORUS_CHECK(errno == 0 && end && *end == '\0' && v >= min_value && v <= INT32_MAX, InvalidArgument,
+                "launcher variable {}='{}' is not an integer >= {}", name, *s, min_value);
+    return static_cast<int>(v);
+  }
+  std::string string(const char* name) const {
+    auto s = getenv(name);
+    return s ? *s : std::string();
+  }
+  bool has(const char* name) const {
+    auto s = getenv(name);
+    return s && !s->empty();
+  }
+};
+
+// Fills rank/size/local from one source when its variables are present.
+bool from_source(const Reader& env, LaunchInfo& out, const char* rank_var, const char* size_var,
+                 const char* local_rank_var, const char* local_size_var) {
+  auto rank = env.integer(rank_var, 0);
+  auto size = size_var ? env.integer(size_var, 1) : std::nullopt;
+  if (!rank && !size) return false;
+  TORUS_CHECK(rank && size, InvalidArgument, "{} and {} must be set together (found only {})", rank_var,
+              size_var ? size_var : "?", rank ? rank_var : size_var);
+  out.rank = *rank;
+  out.world_size = *size;
+  out.local_rank = local_rank_var ? env.integer(local_rank_var, 0).value_or(-1) : -1;
+  out.local_size = local_size_var ? env.integer(local_size_var, 1).value_or(-1) : -1;
+  return true;
+}
+
+}  // namespace
+
+LaunchInfo detect_launch(const InitOptions& options, const GetEnv& getenv) {
+  Reader env{getenv};
+  LaunchInfo info;
+  info.local_rank = -1;
+  info.local_size = -1;
+  info.launched_by_mpi = env.has("OMPI_COMM_WORLD_SIZE");
+
+  if (options.rank || options.world_size) {
+    TORUS_CHECK(options.rank && options.world_size, InvalidArgument,
+                "InitOptions: rank and world_size must be given together");
+    info.rank = *options.rank;
+    info.world_size = *options.world_size;
+    info.source = "options";
+  } else if (from_source(env, info, "TORUS_RANK", "TORUS_WORLD_SIZE", "TORUS_LOCAL_RANK", "TORUS_LOCAL_SIZE")) {
+    info.source = "torus-env";
+  } else if (from_source(env, info, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+                         "OMPI_COMM_WORLD_LOCAL_SIZE")) {
+    info.source = "open-mpi";
+  } else if (env.has("PMIX_RANK") && (env.has("PMIX_SIZE") || env.has("OMPI_UNIVERSE_SIZE"))) {
+    // PMIx proper needs the PMIx client library; launchers that export the
+    // size beside PMIX_RANK are served from the environment.
+    info.rank = *env.integer("PMIX_RANK", 0);
+    info.world_size = env.has("PMIX_SIZE") ? *env.integer("PMIX_SIZE", 1) : *env.integer("OMPI_UNIVERSE_SIZE", 1);
+    info.source = "pmix";
+  } else if (env.has("SLURM_STEP_ID") &&
+             from_source(env, info, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE")) {
+    // SLURM_NTASKS_PER_NODE may read "4(x2)"; local size is then found from
+    // the host exchange instead.
+    info.source = "slurm";
+  } else if (from_source(env, info, "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")) {
+    info.source = "torchrun";
+  } else {
+    info.rank = 0;
+    info.world_size = 1;
+    info.source = "single";
+  }
+
+  // Explicit local rank/size override whatever the source said.
+  if (options.local_rank) info.local_rank = *options.local_rank;
+  if (options.local_size) info.local_size = *options.local_size;
+  if (info.source != "torus-env" && info.source != "options") {
+    if (auto v = env.integer("TORUS_LOCAL_RANK", 0)) info.local_rank = *v;
+    if (auto v = env.integer("TORUS_LOCAL_SIZE", 1)) info.local_size = *v;
+  }
+
+  TORUS_CHECK(info.world_size >= 1, InvalidArgument, "world size must be >= 1, got {} (from {})", info.world_size,
+              info.source);
+  TORUS_CHECK(info.rank >= 0 && info.rank < info.world_size, InvalidArgument,
+              "rank {} is out of range for world size {} (from {})", info.rank, info.world_size, info.source);
+  if (info.local_size > 0 && info.local_rank >= 0) {
+    TORUS_CHECK(info.local_rank < info.local_size, InvalidArgument, "local rank {} >= local size {} (from {})",
+                info.local_rank, info.local_size, info.source);
+  }
+
+  // The store address: options > TORUS_MASTER_* > MASTER_* (torchrun, Slurm
+  // recipes). Empty means the bootstrap chooses (Open MPI launches).
+  info.master_addr = options.master_addr;
+  if (info.master_addr.empty()) info.master_addr = env.string("TORUS_MASTER_ADDR");
+  if (info.master_addr.empty()) info.master_addr = env.string("MASTER_ADDR");
+  std::optional<int> port = options.master_port;
+  if (!port) port = env.integer("TORUS_MASTER_PORT", 0);
+  if (!port) port = env.integer("MASTER_PORT", 0);
+  info.master_port = port.value_or(0);
+  TORUS_CHECK(info.master_port >= 0 && info.master_port <= 65535, InvalidArgument, "master port {} is not a port",
+              info.master_port);
+  TORUS_CHECK(info.world_size == 1 || info.launched_by_mpi || !info.master_addr.empty(), InvalidArgument,
+              "a {}-rank job launched through '{}' needs the store address: set TORUS_MASTER_ADDR and "
+              "TORUS_MASTER_PORT (or MASTER_ADDR/MASTER_PORT)",
+              info.world_size, info.source);
+  TORUS_CHECK(info.master_addr.empty() || info.master_port > 0 || info.launched_by_mpi, InvalidArgument,
+              "master address '{}' given without a port: set TORUS_MASTER_PORT (or MASTER_PORT)", info.master_addr);
+  return info;
+}
+
+}  // namespace torus::comm

@@ -100,7 +100,7 @@ EnvParams EnvParams::from_env() {
   for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
     if (std::strncmp(*e, "TORUS_", 6) != 0) continue;
     const char* eq = std::strchr(*e, '=');
-    std::string name = eq ? std::string(*e, eq) : std::string(*e);
+    std::string name = eq ? std::string(*e, static_cast<size_t>(eq - *e)) : std::string(*e);
     if (!known_variables().count(name)) p.unknown.push_back(name);
   }
   return p;

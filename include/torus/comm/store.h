@@ -93,6 +93,8 @@ class TcpStoreServer {
     uint64_t auth_failures = 0;
     uint64_t protocol_errors = 0;
     uint64_t requests_served = 0;
+    uint64_t connections_refused = 0;  // over max_connections
+    uint64_t handshake_timeouts = 0;   // closed for not finishing the handshake in time
   };
   Stats stats() const;
 
@@ -109,6 +111,9 @@ class TcpStore final : public Store {
     int port = 0;
     std::string token;
     std::chrono::milliseconds connect_timeout{std::chrono::minutes(5)};  // retries until then
+    // Deadline for a reply to set/add/check/remove (get and wait use their own
+    // timeout plus a margin). Passing it throws TimeoutError.
+    std::chrono::milliseconds request_timeout{std::chrono::minutes(5)};
   };
   explicit TcpStore(Options options);
   ~TcpStore() override;

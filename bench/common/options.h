@@ -1,0 +1,56 @@
+// bench/common/options.h — command-line handling shared by the collective
+// benchmarks: a tiny argument reader, and the sweep options they all accept
+// (-b/-e/-f or --sizes, --ops, --iters, --warmup, --iter-budget, --check,
+// --json, --no-probe), with their help text. Standard library only.
+#pragma once
+
+#include <cstddef>
+#include <initializer_list>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace torus::bench {
+
+// Consumes options in any order: "--name value", "--name=value", "-n value",
+// or bare flags. finish() rejects whatever was not consumed. Errors throw
+// std::invalid_argument with a message meant for the user.
+class Args {
+ public:
+  Args(int argc, char** argv);
+  bool flag(std::initializer_list<std::string_view> names);
+  std::optional<std::string> value(std::initializer_list<std::string_view> names);
+  void finish() const;
+
+ private:
+  std::vector<std::string> args_;
+  std::vector<bool> used_;
+};
+
+struct SweepOptions {
+  size_t min_bytes = 8;
+  size_t max_bytes = size_t{256} << 20;
+  double factor = 2.0;
+  std::vector<size_t> sizes;  // explicit list; overrides min/max/factor
+  std::vector<std::string> ops;
+  int iters = 20;
+  int warmup = 5;
+  size_t iter_budget = size_t{1} << 30;
+  bool check = true;
+  bool probe = true;
+  std::string json;
+  bool help = false;
+
+  std::vector<size_t> sweep() const;
+};
+
+// Reads the options above; `default_ops` when --ops is absent. Validates op
+// names against `known_ops`.
+SweepOptions parse_sweep_options(Args& args, const std::vector<std::string>& default_ops,
+                                 const std::vector<std::string>& known_ops);
+
+// Help lines for the options above.
+std::string sweep_options_help();
+
+}  // namespace torus::bench

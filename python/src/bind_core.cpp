@@ -1,0 +1,68 @@
+// Bindings of torus::core: the exception hierarchy, log level, build info.
+//
+// C++ exceptions become Python exceptions of matching types:
+//   torus.Error (RuntimeError), torus.InvalidArgument (Error, ValueError),
+//   torus.CommError (Error), torus.TimeoutError (Error, builtins.TimeoutError),
+//   torus.Unsupported (Error, NotImplementedError).
+#include <Python.h>
+
+#include "bindings.h"
+#include "torus/config.h"
+#include "torus/core/error.h"
+#include "torus/core/logging.h"
+
+namespace py = pybind11;
+
+namespace torus::python {
+namespace {
+
+PyObject* new_exception(py::module_& m, const char* name, py::tuple bases) {
+  std::string qualified = std::string("torus._C.") + name;
+  PyObject* type = PyErr_NewException(qualified.c_str(), bases.ptr(), nullptr);
+  if (type == nullptr) throw py::error_already_set();
+  m.add_object(name, py::handle(type));
+  return type;
+}
+
+}  // namespace
+
+void bind_core(py::module_& m) {
+  static PyObject* error = new_exception(m, "Error", py::make_tuple(py::handle(PyExc_RuntimeError)));
+  static PyObject* invalid =
+      new_exception(m, "InvalidArgument", py::make_tuple(py::handle(error), py::handle(PyExc_ValueError)));
+  static PyObject* comm = new_exception(m, "CommError", py::make_tuple(py::handle(error)));
+  static PyObject* timeout =
+      new_exception(m, "TimeoutError", py::make_tuple(py::handle(error), py::handle(PyExc_TimeoutError)));
+  static PyObject* unsupported =
+      new_exception(m, "Unsupported", py::make_tuple(py::handle(error), py::handle(PyExc_NotImplementedError)));
+
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const torus::InvalidArgument& e) {
+      PyErr_SetString(invalid, e.what());
+    } catch (const torus::TimeoutError& e) {
+      PyErr_SetString(timeout, e.what());
+    } catch (const torus::CommError& e) {
+      PyErr_SetString(comm, e.what());
+    } catch (const torus::Unsupported& e) {
+      PyErr_SetString(unsupported, e.what());
+    } catch (const torus::Error& e) {
+      PyErr_SetString(error, e.what());
+    }
+  });
+
+  m.def("set_log_level", [](const std::string& level) { set_log_level(parse_log_level(level)); },
+        py::arg("level"), "Sets the log level: trace, debug, info, warn, error or off.");
+  m.def("log_level", [] { return std::string(log_level_name(torus::log_level())); });
+  m.attr("__version__") = TORUS_VERSION;
+  py::dict build;
+  build["mpi"] = bool(TORUS_WITH_MPI);
+  build["ofi"] = bool(TORUS_WITH_OFI);
+  build["cuda"] = bool(TORUS_WITH_CUDA);
+  build["nccl"] = bool(TORUS_WITH_NCCL);
+  build["neuron"] = bool(TORUS_WITH_NEURON);
+  m.attr("build_info") = build;
+}
+
+}  // namespace torus::python

@@ -1,0 +1,9 @@
+// torus._C: the extension module behind `import torus`.
+#include "bindings.h"
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "Torus: 3D/4D-parallel training runtime (C++ core)";
+  torus::python::bind_core(m);
+  torus::python::bind_comm(m);
+  torus::python::bind_parallel(m);
+}

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Configures and builds Torus into ${TORUS_BUILD_DIR:-build} (Ninja, ccache).
+# Extra arguments go to CMake's configure step, e.g. -DTORUS_WITH_CUDA=ON.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${TORUS_BUILD_DIR:-build}
+JOBS=${TORUS_JOBS:-$(nproc)}
+export CCACHE_DIR=${CCACHE_DIR:-$HOME/.cache/ccache}
+cmake -S . -B "$BUILD" -G Ninja "$@"
+cmake --build "$BUILD" -j "$JOBS"
