@@ -1,0 +1,136 @@
+// Unit tests of the device-mesh arithmetic and launch detection.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <set>
+
+#include "torus/comm/context.h"
+#include "torus/comm/mesh_layout.h"
+#include "torus/core/error.h"
+
+namespace torus::comm {
+namespace {
+
+TEST(MeshLayout, CoordinatesAreRowMajorWithTpInnermost) {
+  MeshLayout m({{"tp", 2}, {"pp", 2}, {"dp", 3}});
+  EXPECT_EQ(m.world_size(), 12);
+  for (int r = 0; r < 12; ++r) {
+    // Closed form for order pp, dp, ep, cp, tp with sizes 2,3,1,1,2.
+    EXPECT_EQ(m.coord(r, "tp"), r % 2);
+    EXPECT_EQ(m.coord(r, "dp"), (r / 2) % 3);
+    EXPECT_EQ(m.coord(r, "pp"), r / 6);
+    EXPECT_EQ(m.rank_of(m.coords(r)), r);
+  }
+}
+
+TEST(MeshLayout, GroupsPartitionTheWorld) {
+  MeshLayout m({{"pp", 2}, {"dp", 2}, {"tp", 2}});
+  for (const std::vector<std::string>& dims :
+       {std::vector<std::string>{"tp"}, {"dp"}, {"pp"}, {"dp", "tp"}, {"pp", "tp"}, {"pp", "dp", "tp"}}) {
+    int expected_size = 1;
+    for (const auto& d : dims) expected_size *= m.size(d);
+    std::map<int, std::set<int>> by_color;
+    for (int r = 0; r < 8; ++r) {
+      auto g = m.group_ranks(r, dims);
+      ASSERT_EQ(static_cast<int>(g.size()), expected_size);
+      auto [color, key] = m.split_color_key(r, dims);
+      EXPECT_EQ(g[key], r) << "key is the rank's position in its group";
+      by_color[color].insert(g.begin(), g.end());
+      for (int peer : g) {
+        EXPECT_EQ(m.group_ranks(peer, dims), g) << "group members agree on the group";
+        for (int d = 0; d < 5; ++d) {
+          bool inside = std::find(dims.begin(), dims.end(), std::string(kMeshDims[d])) != dims.end();
+          if (!inside) EXPECT_EQ(m.coords(peer)[d], m.coords(r)[d]);
+        }
+      }
+    }
+    int total = 0;
+    for (auto& [c, s] : by_color) total += static_cast<int>(s.size());
+    EXPECT_EQ(total, 8);
+  }
+  // tp groups are consecutive ranks.
+  EXPECT_EQ(m.group_ranks(5, {"tp"}), (std::vector<int>{4, 5}));
+}
+
+TEST(MeshLayout, ValidationErrors) {
+  EXPECT_THROW(MeshLayout({{"xp", 2}}), InvalidArgument);
+  EXPECT_THROW(MeshLayout({{"tp", 2}, {"tp", 2}}), InvalidArgument);
+  EXPECT_THROW(MeshLayout({{"dp", 0}}), InvalidArgument);
+  MeshLayout m({{"dp", 2}, {"tp", 4}});
+  EXPECT_THROW(m.validate(6, 0), InvalidArgument);  // product != world
+  EXPECT_NO_THROW(m.validate(8, 4));
+  EXPECT_THROW(m.validate(8, 2), InvalidArgument);  // tp crosses hosts
+  try {
+    m.validate(6, 0);
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("dp=2 x tp=4"), std::string::npos) << e.what();
+  }
+}
+
+GetEnv env_of(std::map<std::string, std::string> vars) {
+  return [vars](const char* name) -> std::optional<std::string> {
+    auto it = vars.find(name);
+    if (it == vars.end()) return std::nullopt;
+    return it->second;
+  };
+}
+
+TEST(Launch, PrecedenceOfSources) {
+  InitOptions none;
+  auto ompi = env_of({{"OMPI_COMM_WORLD_RANK", "2"},
+                      {"OMPI_COMM_WORLD_SIZE", "4"},
+                      {"OMPI_COMM_WORLD_LOCAL_RANK", "0"},
+                      {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
+                      {"RANK", "9"},
+                      {"WORLD_SIZE", "10"}});
+  LaunchInfo a = detect_launch(none, ompi);
+  EXPECT_EQ(a.source, "open-mpi");
+  EXPECT_EQ(a.rank, 2);
+  EXPECT_EQ(a.world_size, 4);
+  EXPECT_EQ(a.local_size, 2);
+  EXPECT_TRUE(a.launched_by_mpi);
+
+  auto torus_env = env_of({{"TORUS_RANK", "1"}, {"TORUS_WORLD_SIZE", "3"}, {"OMPI_COMM_WORLD_RANK", "0"},
+                           {"OMPI_COMM_WORLD_SIZE", "3"}});
+  EXPECT_EQ(detect_launch(none, torus_env).source, "torus-env");
+  EXPECT_EQ(detect_launch(none, torus_env).rank, 1);
+
+  InitOptions explicit_opts;
+  explicit_opts.rank = 0;
+  explicit_opts.world_size = 3;
+  EXPECT_EQ(detect_launch(explicit_opts, torus_env).source, "options");
+
+  auto torchrun = env_of({{"RANK", "3"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "2"},
+                          {"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "29500"}});
+  LaunchInfo t = detect_launch(none, torchrun);
+  EXPECT_EQ(t.source, "torchrun");
+  EXPECT_EQ(t.master_addr, "10.0.0.1");
+  EXPECT_EQ(t.master_port, 29500);
+  EXPECT_EQ(t.local_rank, 1);
+
+  // Slurm variables only count inside a step.
+  auto slurm_alloc = env_of({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "8"}});
+  EXPECT_EQ(detect_launch(none, slurm_alloc).source, "single");
+  auto slurm_step = env_of({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "8"}, {"SLURM_STEP_ID", "0"},
+                            {"MASTER_ADDR", "node1"}, {"MASTER_PORT", "4000"}});
+  EXPECT_EQ(detect_launch(none, slurm_step).source, "slurm");
+  EXPECT_EQ(detect_launch(none, slurm_step).rank, 5);
+
+  EXPECT_EQ(detect_launch(none, env_of({})).source, "single");
+}
+
+TEST(Launch, RejectsInconsistentInput) {
+  InitOptions none;
+  EXPECT_THROW(detect_launch(none, env_of({{"RANK", "4"}, {"WORLD_SIZE", "4"}, {"MASTER_ADDR", "h"},
+                                           {"MASTER_PORT", "1"}})),
+               InvalidArgument);
+  EXPECT_THROW(detect_launch(none, env_of({{"RANK", "1"}})), InvalidArgument);
+  EXPECT_THROW(detect_launch(none, env_of({{"RANK", "x"}, {"WORLD_SIZE", "2"}})), InvalidArgument);
+  // A multi-rank torchrun-style job without a store address.
+  EXPECT_THROW(detect_launch(none, env_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}})), InvalidArgument);
+  EXPECT_THROW(detect_launch(none, env_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}})),
+               InvalidArgument);
+}
+
+}  // namespace
+}  // namespace torus::comm
