@@ -1,0 +1,106 @@
+"""Python bindings of the comm layer, run on every rank under mpirun.
+
+Expected values are closed forms of the rank and the world size.
+"""
+import time
+
+import pytest
+import torch
+
+import torus
+
+
+@pytest.fixture(scope="module")
+def world():
+    return torus.init()
+
+
+def test_exception_types_match_python_hierarchy():
+    assert issubclass(torus.InvalidArgument, torus.Error)
+    assert issubclass(torus.InvalidArgument, ValueError)
+    assert issubclass(torus.TimeoutError, TimeoutError)
+    assert issubclass(torus.Unsupported, NotImplementedError)
+    assert issubclass(torus.Error, RuntimeError)
+
+
+def test_all_reduce_sum_and_ops(world):
+    n, r = world.size, world.rank
+    t = torch.full((8,), float(r + 1))
+    work = world.all_reduce(t)
+    assert isinstance(work, torus.Work)
+    work.wait()
+    assert torch.all(t == n * (n + 1) / 2)
+    m = torch.tensor([r, -r], dtype=torch.int64)
+    world.all_reduce(m, op=torus.ReduceOp.MAX).wait()
+    assert m.tolist() == [n - 1, 0]
+    a = torch.full((3,), float(r), dtype=torch.bfloat16)
+    world.all_reduce(a, op="avg").wait()
+    assert torch.allclose(a.float(), torch.full((3,), (n - 1) / 2), rtol=1e-2)
+    out = torch.empty(8)
+    world.all_reduce(torch.ones(8), output=out).wait()
+    assert torch.all(out == n)
+
+
+def test_gather_scatter_broadcast_p2p(world):
+    n, r = world.size, world.rank
+    out = torch.empty(n * 2, dtype=torch.int32)
+    world.all_gather(torch.tensor([r, 10 * r], dtype=torch.int32), out).wait()
+    assert out.tolist() == [v for q in range(n) for v in (q, 10 * q)]
+    rs_out = torch.empty(3)
+    world.reduce_scatter(torch.arange(3 * n, dtype=torch.float32), rs_out).wait()
+    assert rs_out.tolist() == [n * (3 * r + i) for i in range(3)]
+    b = torch.full((4,), 9.0) if r == 0 else torch.zeros(4)
+    world.broadcast(b, root=0).wait()
+    assert torch.all(b == 9)
+    a_in = torch.arange(n, dtype=torch.int64) + 100 * r
+    a_out = torch.empty(n, dtype=torch.int64)
+    world.all_to_all(a_in, a_out).wait()
+    assert a_out.tolist() == [100 * q + r for q in range(n)]
+    recv = torch.empty(5)
+    rw = world.recv(recv, src=(r - 1) % n, tag=3)
+    world.send(torch.full((5,), float(r)), dst=(r + 1) % n, tag=3).wait()
+    rw.wait()
+    assert torch.all(recv == (r - 1) % n)
+    world.barrier().wait()
+
+
+def test_bad_input_raises_invalid_argument(world):
+    with pytest.raises(torus.InvalidArgument, match="contiguous"):
+        world.all_reduce(torch.ones(4, 4).t())
+    with pytest.raises(ValueError):
+        world.all_reduce(torch.ones(4, dtype=torch.bool))
+    with pytest.raises(torus.InvalidArgument):
+        world.broadcast(torch.ones(2), root=world.size)
+
+
+def test_work_metadata_and_groups(world):
+    n, r = world.size, world.rank
+    w = world.all_reduce(torch.ones(3))
+    w.wait()
+    assert w.op == "all_reduce" and w.group == "world" and w.seq >= 1 and w.is_completed()
+    parity = world.split(r % 2, r, "py-parity")
+    t = torch.tensor([float(r)])
+    parity.all_reduce(t).wait()
+    assert t.item() == sum(q for q in range(r % 2, n, 2))
+    if n % 2 == 0:
+        mesh = torus.DeviceMesh(world, [("dp", n // 2), ("tp", 2)])
+        assert mesh.coord("tp") == r % 2
+        g = mesh.group("tp")
+        x = torch.tensor([float(r)])
+        g.all_reduce(x).wait()
+        assert x.item() == 2 * (r - r % 2) + 1
+    with pytest.raises(torus.InvalidArgument):
+        torus.DeviceMesh(world, [("dp", n + 1)])
+
+
+def test_missing_rank_raises_timeout_error(world):
+    if world.size < 2:
+        pytest.skip("a missing peer needs two ranks")
+    victim = world.split(0, world.rank, "py-victim")
+    victim.timeout = 1.0
+    if world.rank != world.size - 1:
+        start = time.monotonic()
+        with pytest.raises(torus.TimeoutError, match="all_reduce"):
+            victim.all_reduce(torch.ones(4)).wait()
+        assert time.monotonic() - start < 1.0 + 3.0
+    world.barrier().wait()
