@@ -8,6 +8,7 @@
 #include "bindings.h"
 #include "torus/comm/device_mesh.h"
 #include "torus/comm/process_group.h"
+#include "torus/core/error.h"
 
 namespace py = pybind11;
 
@@ -19,7 +20,7 @@ using Release = py::call_guard<py::gil_scoped_release>;
 
 Duration to_ms(std::optional<double> seconds) {
   if (!seconds) return kDefaultTimeout;
-  if (*seconds <= 0) throw InvalidArgument("timeout must be > 0 seconds");
+  if (*seconds <= 0) throw torus::InvalidArgument("timeout must be > 0 seconds");
   return Duration(static_cast<int64_t>(*seconds * 1000.0 + 0.5));
 }
 

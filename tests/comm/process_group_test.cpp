@@ -3,6 +3,7 @@
 // expectations), sub-groups from split/new_group/meshes, the debug-mode
 // mismatch check, and deadlines. Run under mpirun with 1–4 ranks.
 #include <ATen/Functions.h>
+#include <ATen/TensorOperators.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -233,9 +234,9 @@ TEST(DeviceMesh, GroupsPerDimensionAndCombination) {
   int64_t dp_sum = 0;
   for (int q = r % 2; q < n; q += 2) dp_sum += q;
   EXPECT_EQ(d.item<int64_t>(), dp_sum);
-  EXPECT_EQ(mesh.group({"tp", "dp"})->size(), n);
-  EXPECT_EQ(mesh.group({"pp"})->size(), 1);
-  EXPECT_EQ(mesh.group({"pp", "tp"}).get(), mesh.group("tp").get());
+  EXPECT_EQ(mesh.group(std::vector<std::string>{"tp", "dp"})->size(), n);
+  EXPECT_EQ(mesh.group(std::vector<std::string>{"pp"})->size(), 1);
+  EXPECT_EQ(mesh.group(std::vector<std::string>{"pp", "tp"}).get(), mesh.group("tp").get());
   EXPECT_EQ(mesh.group("tp")->name(), "tp");
 }
 
