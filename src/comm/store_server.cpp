@@ -234,6 +234,7 @@ void TcpStoreServer::Impl::run() {
   } catch (const std::exception& e) {
     // Only a failure outside any one connection gets here (poll itself).
     TORUS_LOG_ERROR("store server on {} stopped serving: {}", endpoint, e.what());
+    listen_fd.reset();
   }
   // Closing every socket makes each client fail fast instead of hanging.
   conns.clear();
@@ -464,7 +465,8 @@ void TcpStoreServer::Impl::reply(Conn& c, MsgType type, const proto::Reply& r) {
 void TcpStoreServer::Impl::on_request(Conn& c, std::span<const uint8_t> payload) {
   proto::Request req = proto::decode_request(payload);  // whole and valid, or it throws
   proto::Reply r;
-  const std::string& key = req.keys.empty() ? std::string() : req.keys[0];
+  static const std::string kNoKey;
+  const std::string& key = req.keys.empty() ? kNoKey : req.keys[0];
   switch (req.type) {
     case MsgType::kSet:
       data[key] = std::move(req.value);
@@ -498,7 +500,8 @@ void TcpStoreServer::Impl::do_add(Conn& c, const proto::Request& req) {
   proto::Reply r;
   int64_t current = 0;
   auto it = data.find(key);
-  if (it != data.end() && !parse_int64(it->second, &current)) {
+  bool existed = it != data.end();
+  if (existed && !parse_int64(it->second, &current)) {
     r.status = proto::Status::kInvalidArgument;
     r.message = fmt::format("the value of key {} is not a decimal integer", proto::printable_key(key));
     return reply(c, req.type, r);
@@ -513,7 +516,7 @@ void TcpStoreServer::Impl::do_add(Conn& c, const proto::Request& req) {
   data[key].assign(text.begin(), text.end());
   r.integer = sum;
   reply(c, req.type, r);
-  if (it == data.end()) wake(key);  // only a new key can satisfy a waiter
+  if (!existed) wake(key);  // only a new key can satisfy a waiter
 }
 
 // ---- blocking get/wait --------------------------------------------------------------
