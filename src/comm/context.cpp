@@ -120,7 +120,10 @@ std::shared_ptr<Context> Context::create(const InitOptions& options) {
       ctx->server_ = std::make_unique<TcpStoreServer>(TcpStoreServer::Options{bind, 0, token});
       payload = fmt::format("{} {} {}", bind, ctx->server_->port(), token);
     }
-    payload = mpi_bootstrap_broadcast(payload);
+    // Note [MPI lifetime in the bootstrap]: MPI stays initialised for the
+    // life of the Context, not just the broadcast.
+    ctx->mpi_hold_ = mpi_runtime_hold();
+    payload = mpi_bootstrap_broadcast(payload, params.store_timeout);
     auto sp1 = payload.find(' ');
     auto sp2 = payload.find(' ', sp1 + 1);
     TORUS_CHECK(sp1 != std::string::npos && sp2 != std::string::npos, CommError, "malformed store address from rank 0");
@@ -203,7 +206,10 @@ Context::~Context() {
   // store server must outlive the other ranks' last requests: everyone checks
   // in, and rank 0 waits (bounded) for all check-ins before closing it.
   host_backend_.reset();
-  if (!store_) return;
+  if (!store_) {
+    mpi_hold_.reset();
+    return;
+  }
   try {
     store_->add("torus/shutdown", 1);
     if (server_) {
@@ -217,6 +223,7 @@ Context::~Context() {
   }
   store_.reset();
   server_.reset();
+  mpi_hold_.reset();  // MPI_Finalize (if this was the last holder) runs last
 }
 
 }  // namespace torus::comm

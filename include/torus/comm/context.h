@@ -97,6 +97,7 @@ class Context {
   LaunchInfo launch_;
   HostMap hosts_;
   Duration timeout_{0};
+  std::shared_ptr<void> mpi_hold_;  // keeps MPI initialised (mpi builds under mpirun)
   std::unique_ptr<TcpStoreServer> server_;
   std::shared_ptr<Store> store_;
   BackendPtr host_backend_;
