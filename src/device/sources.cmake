@@ -1,0 +1,10 @@
+# The device layer: the CPU device always; the CUDA device with TORUS_WITH_CUDA.
+# The CUDA runtime is linked as a shared library (libcudart.so), the same one
+# LibTorch's CUDA build loads, so that streams and events cross between them.
+target_sources(torus_base PRIVATE
+  ${CMAKE_CURRENT_LIST_DIR}/device.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/cpu_device.cpp)
+if(TORUS_WITH_CUDA)
+  target_sources(torus_base PRIVATE ${CMAKE_CURRENT_LIST_DIR}/cuda/cuda_device.cpp)
+  target_link_libraries(torus_base PUBLIC CUDA::cudart)
+endif()
