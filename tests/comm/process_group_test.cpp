@@ -170,16 +170,20 @@ TEST(ProcessGroup, DataMovementOpsOnMultiDimTensors) {
 
 TEST(ProcessGroup, WorkCarriesItsDescription) {
   auto& g = *world();
+  // Two ops in flight at once (on separate buffers: concurrent ops must not
+  // share memory, see docs/comm.md).
   at::Tensor t = at::ones({10});
+  at::Tensor u = at::full({10}, 2.0);
   auto w1 = g.all_reduce(t);
-  auto w2 = g.all_reduce(t);
-  w1->wait();
+  auto w2 = g.all_reduce(u);
   w2->wait();
+  w1->wait();
   EXPECT_TRUE(w1->is_completed());
   EXPECT_EQ(w2->info().seq, w1->info().seq + 1);
   EXPECT_EQ(w1->info().op, OpType::kAllReduce);
   EXPECT_EQ(w1->info().group, "world");
-  EXPECT_TRUE(t.eq(g.size() * g.size()).all().item<bool>());
+  EXPECT_TRUE(t.eq(g.size()).all().item<bool>());
+  EXPECT_TRUE(u.eq(2 * g.size()).all().item<bool>());
 }
 
 TEST(ProcessGroup, SubGroupsFromSplitAndRankLists) {
@@ -197,7 +201,7 @@ TEST(ProcessGroup, SubGroupsFromSplitAndRankLists) {
   EXPECT_EQ(parity->global_rank(parity->rank()), r);
 
   // The last rank and rank 0, in that order.
-  auto pair = g.new_group({n - 1, 0}, "ends");
+  auto pair = g.new_group(n == 1 ? std::vector<int>{0} : std::vector<int>{n - 1, 0}, "ends");
   if (r == n - 1 || r == 0) {
     ASSERT_NE(pair, nullptr);
     EXPECT_EQ(pair->rank(), r == n - 1 ? 0 : (n == 1 ? 0 : 1));
@@ -237,7 +241,7 @@ TEST(DeviceMesh, GroupsPerDimensionAndCombination) {
   EXPECT_EQ(mesh.group(std::vector<std::string>{"tp", "dp"})->size(), n);
   EXPECT_EQ(mesh.group(std::vector<std::string>{"pp"})->size(), 1);
   EXPECT_EQ(mesh.group(std::vector<std::string>{"pp", "tp"}).get(), mesh.group("tp").get());
-  EXPECT_EQ(mesh.group("tp")->name(), "tp");
+  if (n > 2) EXPECT_EQ(mesh.group("tp")->name(), "tp");  // with n == 2 the tp group is the world
 }
 
 TEST(ProcessGroup, DebugModeNamesTheMismatchingRank) {
