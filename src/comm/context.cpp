@@ -20,6 +20,10 @@
 #if TORUS_WITH_MPI
 #include "comm/mpi/mpi_bootstrap.h"
 #endif
+#if TORUS_WITH_NCCL
+#include "comm/nccl/nccl_backend.h"
+#include "torus/device/device.h"
+#endif
 
 namespace torus::comm {
 namespace {
@@ -196,6 +200,16 @@ std::shared_ptr<Context> Context::create(const InitOptions& options) {
 
   BackendInit init{&ctx->launch_, &ctx->hosts_, ctx->store_, ctx->timeout_};
   ctx->host_backend_ = create_world_backend(backend, init);
+#if TORUS_WITH_NCCL
+  // The device backend: NCCL when this build has it and the job sees a GPU.
+  // Every rank decides alike (a job is homogeneous); ranks without a GPU in a
+  // GPU job fail in the NCCL bootstrap with a clear error.
+  if (device::accelerator() != nullptr && device::accelerator()->count() > 0) {
+    ctx->device_backend_ = create_nccl_world_backend(init);
+  } else if (L.rank == 0) {
+    TORUS_LOG_INFO("no device backend: {}", device::accelerator() ? device::accelerator()->describe() : "CPU build");
+  }
+#endif
   return ctx;
 }
 
@@ -205,6 +219,7 @@ Context::~Context() {
   // Backends go first (they may use the store while shutting down). Rank 0's
   // store server must outlive the other ranks' last requests: everyone checks
   // in, and rank 0 waits (bounded) for all check-ins before closing it.
+  device_backend_.reset();
   host_backend_.reset();
   if (!store_) {
     mpi_hold_.reset();

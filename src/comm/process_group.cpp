@@ -6,10 +6,17 @@
 
 #include <algorithm>
 #include <numeric>
+#include <optional>
 #include <set>
 
 #include "core/log.h"
+#include "torus/config.h"
 #include "torus/core/params.h"
+#if TORUS_WITH_CUDA
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
+#include "torus/device/device.h"
+#endif
 
 namespace torus::comm {
 namespace {
@@ -38,6 +45,27 @@ void check_rank(int r, int size, const char* what, OpType op, const GroupInfo& g
   TORUS_CHECK(r >= 0 && r < size, InvalidArgument, "{} on group '{}': {} {} is outside the group of {} ranks",
               op_type_name(op), g.name, what, r, size);
 }
+
+// Note [Stream order]: for a device tensor the op is ordered after the work
+// already queued on LibTorch's current stream of that device: the device
+// backend reads the calling thread's current stream, which this guard sets
+// from LibTorch's for the duration of the call. A no-op for CPU tensors.
+class CallerStream {
+ public:
+  explicit CallerStream(const at::Tensor& t) {
+#if TORUS_WITH_CUDA
+    if (t.defined() && t.device().is_cuda()) {
+      c10::Stream s = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(t.device());
+      guard_.emplace(device::Stream::borrow(DeviceType::kCUDA, t.device().index(), s.native_handle()));
+    }
+#endif
+  }
+
+ private:
+#if TORUS_WITH_CUDA
+  std::optional<device::StreamGuard> guard_;
+#endif
+};
 
 // Keeps the op's tensors alive until it completes (Note [Work lifetime]).
 WorkPtr hold(WorkPtr work, std::initializer_list<at::Tensor> tensors) {
@@ -144,6 +172,7 @@ WorkPtr ProcessGroup::all_reduce(const at::Tensor& input, at::Tensor& output, co
   TORUS_CHECK(input.numel() == output.numel(), InvalidArgument,
               "all_reduce on group '{}': input has {} elements, output {}", name(), input.numel(), output.numel());
   const auto& b = backend_for(input, "input");
+  CallerStream caller_stream(input);
   Duration timeout = resolve(opts.timeout);
   check_fingerprint(b, op, input, {static_cast<int64_t>(opts.op)}, timeout);
   return hold(b->all_reduce(input.data_ptr(), output.data_ptr(), static_cast<size_t>(input.numel()),
@@ -160,6 +189,7 @@ WorkPtr ProcessGroup::reduce_scatter(const at::Tensor& input, at::Tensor& output
               "reduce_scatter on group '{}': input must hold size ({}) x output ({} elements) = {} elements, has {}",
               name(), size(), output.numel(), output.numel() * size(), input.numel());
   const auto& b = backend_for(input, "input");
+  CallerStream caller_stream(input);
   Duration timeout = resolve(opts.timeout);
   check_fingerprint(b, op, input, {static_cast<int64_t>(opts.op)}, timeout);
   return hold(b->reduce_scatter(input.data_ptr(), output.data_ptr(), static_cast<size_t>(output.numel()),
@@ -176,6 +206,7 @@ WorkPtr ProcessGroup::all_gather(const at::Tensor& input, at::Tensor& output, co
               "all_gather on group '{}': output must hold size ({}) x input ({} elements) = {} elements, has {}",
               name(), size(), input.numel(), input.numel() * size(), output.numel());
   const auto& b = backend_for(input, "input");
+  CallerStream caller_stream(input);
   Duration timeout = resolve(opts.timeout);
   check_fingerprint(b, op, input, {}, timeout);
   return hold(b->all_gather(input.data_ptr(), output.data_ptr(), static_cast<size_t>(input.numel()),
@@ -223,6 +254,7 @@ WorkPtr ProcessGroup::all_to_all(const at::Tensor& input, at::Tensor& output, co
   TORUS_CHECK(input.size(0) == 0 || output.size(0) == 0 || in_row == out_row, InvalidArgument,
               "all_to_all on group '{}': input rows have {} elements, output rows {}", name(), in_row, out_row);
   const auto& b = backend_for(input, "input");
+  CallerStream caller_stream(input);
   Duration timeout = resolve(opts.timeout);
   check_fingerprint(b, op, at::Tensor(), {static_cast<int64_t>(to_dtype(input.scalar_type())), in_row}, timeout);
   return hold(b->all_to_all(input.data_ptr(), output.data_ptr(), send, recv, to_dtype(input.scalar_type()), timeout),
@@ -234,6 +266,7 @@ WorkPtr ProcessGroup::broadcast(at::Tensor& tensor, const BroadcastOptions& opts
   check_tensor(tensor, "", op, info());
   check_rank(opts.root, size(), "root", op, info());
   const auto& b = backend_for(tensor, "the");
+  CallerStream caller_stream(tensor);
   Duration timeout = resolve(opts.timeout);
   check_fingerprint(b, op, tensor, {opts.root}, timeout);
   return hold(b->broadcast(tensor.data_ptr(), static_cast<size_t>(tensor.numel()), to_dtype(tensor.scalar_type()),
@@ -246,6 +279,7 @@ WorkPtr ProcessGroup::reduce(at::Tensor& tensor, const ReduceOptions& opts) {
   check_tensor(tensor, "", op, info());
   check_rank(opts.root, size(), "root", op, info());
   const auto& b = backend_for(tensor, "the");
+  CallerStream caller_stream(tensor);
   Duration timeout = resolve(opts.timeout);
   check_fingerprint(b, op, tensor, {opts.root, static_cast<int64_t>(opts.op)}, timeout);
   return hold(b->reduce(tensor.data_ptr(), tensor.data_ptr(), static_cast<size_t>(tensor.numel()),
@@ -259,6 +293,7 @@ WorkPtr ProcessGroup::send(const at::Tensor& tensor, int dst, const SendRecvOpti
   check_rank(dst, size(), "destination", op, info());
   TORUS_CHECK(opts.tag >= 0, InvalidArgument, "send on group '{}': tag {} must be >= 0", name(), opts.tag);
   const auto& b = backend_for(tensor, "the");
+  CallerStream caller_stream(tensor);
   return hold(b->send(tensor.data_ptr(), static_cast<size_t>(tensor.numel()), to_dtype(tensor.scalar_type()), dst,
                       opts.tag, resolve(opts.timeout)),
               {tensor});
@@ -270,6 +305,7 @@ WorkPtr ProcessGroup::recv(at::Tensor& tensor, int src, const SendRecvOptions& o
   check_rank(src, size(), "source", op, info());
   TORUS_CHECK(opts.tag >= 0, InvalidArgument, "recv on group '{}': tag {} must be >= 0", name(), opts.tag);
   const auto& b = backend_for(tensor, "the");
+  CallerStream caller_stream(tensor);
   return hold(b->recv(tensor.data_ptr(), static_cast<size_t>(tensor.numel()), to_dtype(tensor.scalar_type()), src,
                       opts.tag, resolve(opts.timeout)),
               {tensor});
@@ -316,7 +352,7 @@ namespace torus {
 
 comm::ProcessGroupPtr init(const comm::InitOptions& options) {
   auto ctx = comm::Context::create(options);
-  return std::make_shared<comm::ProcessGroup>(ctx, ctx->host_backend());
+  return std::make_shared<comm::ProcessGroup>(ctx, ctx->host_backend(), ctx->device_backend());
 }
 
 }  // namespace torus

@@ -87,6 +87,9 @@ class Context {
 
   // The world communicator of the host (CPU) backend.
   const BackendPtr& host_backend() const { return host_backend_; }
+  // The world communicator of the device backend (nccl), or null when this
+  // build has none or the process sees no device.
+  const BackendPtr& device_backend() const { return device_backend_; }
   std::string_view host_backend_name() const;
 
   // Names of host backends compiled into this build ("mpi", "ofi").
@@ -101,6 +104,7 @@ class Context {
   std::unique_ptr<TcpStoreServer> server_;
   std::shared_ptr<Store> store_;
   BackendPtr host_backend_;
+  BackendPtr device_backend_;
 };
 
 // Factory used by Context for the world backend of a given name. Each backend

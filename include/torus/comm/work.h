@@ -56,9 +56,13 @@ class Work {
   // True once the op finished, successfully or not. Never blocks.
   virtual bool is_completed() const;
 
-  // Blocks until the op completes. Throws the op's exception if it failed
-  // (TimeoutError past its deadline, CommError on transport failure).
-  // Equivalent to: while (!is_completed()) sleep; rethrow exception().
+  // Host backends: blocks until the op completes. Throws the op's exception
+  // if it failed (TimeoutError past its deadline, CommError on transport
+  // failure). Equivalent to: while (!is_completed()) sleep; rethrow exception().
+  // Device backends (nccl) are stream ordered (Note [Stream order] in
+  // process_group.cpp): wait() makes the caller's current stream wait for the
+  // op's end event and returns without blocking the host; wait(timeout)
+  // blocks the host.
   virtual void wait();
 
   // As wait(), but gives up after `timeout`, throwing TimeoutError; the op
