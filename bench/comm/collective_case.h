@@ -35,8 +35,8 @@ class CollectiveCase {
  public:
   // `bytes` is the requested size; count() follows the rules of sweep.h.
   // `root` matters for broadcast and reduce, `redop` for the reductions.
-  CollectiveCase(comm::Backend& backend, comm::OpType op, DType dtype, comm::ReduceOp redop, int root,
-                 size_t bytes, comm::Duration timeout);
+  CollectiveCase(comm::Backend& backend, comm::OpType op, DType dtype, comm::ReduceOp redop, int root, size_t bytes,
+                 comm::Duration timeout);
 
   size_t count() const { return count_; }
   size_t bytes() const { return count_ * elt_; }
@@ -56,7 +56,7 @@ class CollectiveCase {
   using Buffer = std::unique_ptr<std::byte, FreeDeleter>;
   static Buffer allocate(size_t bytes);
 
-  std::byte* in_place_input();   // where the input lies for the in-place form
+  std::byte* in_place_input();  // where the input lies for the in-place form
   std::byte* in_place_output();
 
   comm::Backend& backend_;

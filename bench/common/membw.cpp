@@ -27,7 +27,9 @@ std::unique_ptr<char, FreeDeleter> alloc_pages(size_t bytes) {
 }
 
 // Keeps the compiler from proving the copy dead (the buffers are never read).
-inline void escape(void* p) { asm volatile("" : : "g"(p) : "memory"); }
+inline void escape(void* p) {
+  asm volatile("" : : "g"(p) : "memory");
+}
 
 }  // namespace
 

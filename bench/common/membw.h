@@ -13,10 +13,10 @@
 namespace torus::bench {
 
 struct MemcpyProbe {
-  size_t bytes = 0;   // size of one copy
-  int runs = 0;       // timed copies
-  double seconds = 0; // median time of one copy
-  double gbps = 0;    // bytes / seconds / 1e9 (bytes copied, not read+write traffic)
+  size_t bytes = 0;    // size of one copy
+  int runs = 0;        // timed copies
+  double seconds = 0;  // median time of one copy
+  double gbps = 0;     // bytes / seconds / 1e9 (bytes copied, not read+write traffic)
 };
 
 // Copies `bytes` between two page-aligned buffers `runs` times on the calling

@@ -49,7 +49,9 @@ void Args::finish() const {
   }
 }
 
-std::vector<size_t> SweepOptions::sweep() const { return sizes.empty() ? size_sweep(min_bytes, max_bytes, factor) : sizes; }
+std::vector<size_t> SweepOptions::sweep() const {
+  return sizes.empty() ? size_sweep(min_bytes, max_bytes, factor) : sizes;
+}
 
 namespace {
 
@@ -62,8 +64,8 @@ int parse_int(const std::string& text, const char* what, int min) {
     used = 0;
   }
   if (used != text.size() || v < min) {
-    throw std::invalid_argument(std::string(what) + " must be an integer >= " + std::to_string(min) + ", got '" +
-                                text + "'");
+    throw std::invalid_argument(std::string(what) + " must be an integer >= " + std::to_string(min) + ", got '" + text +
+                                "'");
   }
   return v;
 }

@@ -60,7 +60,7 @@ class Report {
                 const std::string& redop, int iters, int warmup, size_t iter_budget, bool check,
                 const std::optional<MemcpyProbe>& probe);
   void begin_op(const std::string& op, int index, int total);
-  void row(const Row& row);  // prints it at once (progress) and keeps its records
+  void row(const Row& row);            // prints it at once (progress) and keeps its records
   void note(const std::string& line);  // "# line"
   // Per-op and overall average busbw, #wrong totals; returns total #wrong.
   int64_t summary();
@@ -76,7 +76,6 @@ class Report {
 
 // Writes `records` (and the probe record, if any) as a JSON list to `path`.
 // Returns false (and prints why on stderr) if the file cannot be written.
-bool write_json(const std::string& path, const std::vector<Record>& records,
-                const std::optional<MemcpyProbe>& probe);
+bool write_json(const std::string& path, const std::vector<Record>& records, const std::optional<MemcpyProbe>& probe);
 
 }  // namespace torus::bench
