@@ -15,10 +15,15 @@ namespace torus::comm::mpi {
 namespace {
 
 // Idle policy of the engine while requests are in flight: poll back to back
-// for kSpinPolls rounds, then yield for as many, then sleep with exponential
-// backoff up to kMaxIdleSleep (so that oversubscribed ranks leave each other
-// the cores). Abandoned requests alone are polled every kAbandonedPoll.
+// for kSpinPolls rounds, then yield (which leaves the core to any other
+// runnable thread, so oversubscribed ranks still share the cores) for up to
+// kYieldPolls rounds, then sleep with exponential backoff up to
+// kMaxIdleSleep. Open MPI's non-blocking collectives advance one round of
+// their schedule per MPI_Test, so sleeping early makes multi-round ops
+// (segmented reduce, large all_reduce) crawl; the yield phase is long.
+// Abandoned requests alone are polled every kAbandonedPoll.
 constexpr int kSpinPolls = 32;
+constexpr int kYieldPolls = 20000;
 constexpr std::chrono::microseconds kMaxIdleSleep{200};
 constexpr std::chrono::milliseconds kAbandonedPoll{10};
 
@@ -218,8 +223,8 @@ void MpiRuntime::Engine::loop() {
           cv.wait(lock, woken);
         } else if (inflight.empty()) {
           cv.wait_for(lock, kAbandonedPoll, woken);
-        } else if (idle > 2 * kSpinPolls) {
-          auto sleep = std::chrono::microseconds(int64_t{1} << std::min(idle - 2 * kSpinPolls, 8));
+        } else if (idle > kYieldPolls) {
+          auto sleep = std::chrono::microseconds(int64_t{1} << std::min(idle - kYieldPolls, 8));
           cv.wait_for(lock, std::min(sleep, kMaxIdleSleep), woken);
         }
       }
@@ -242,7 +247,7 @@ void MpiRuntime::Engine::loop() {
     }
     if (progressed) {
       idle = 0;
-    } else if (++idle > kSpinPolls && idle <= 2 * kSpinPolls) {
+    } else if (++idle > kSpinPolls && idle <= kYieldPolls) {
       std::this_thread::yield();
     }
   }
