@@ -6,5 +6,8 @@ cd "$(dirname "$0")/.."
 BUILD=${TORUS_BUILD_DIR:-build}
 JOBS=${TORUS_JOBS:-$(nproc)}
 export CCACHE_DIR=${CCACHE_DIR:-$HOME/.cache/ccache}
+# Paths relative to the checkout, so clones in other folders share the cache.
+export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD}
+export CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-10G}
 cmake -S . -B "$BUILD" -G Ninja "$@"
 cmake --build "$BUILD" -j "$JOBS"
