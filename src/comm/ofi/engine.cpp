@@ -1,0 +1,523 @@
+// The progress engine (engine.h): driving, op lifecycle, deadlines, failure
+// handling. Posting, completions and control messages are in engine_io.cpp;
+// OpCtx (the algorithms' view of an op) is in op_ctx.cpp.
+#include "comm/ofi/engine.h"
+
+#include <signal.h>
+#include <sched.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <deque>
+
+#include "comm/ofi/ofi_check.h"
+
+namespace torus::comm::ofi {
+namespace {
+
+constexpr auto kLivenessPeriod = std::chrono::milliseconds(100);
+
+constexpr int kSpinPolls = 64;
+// Spins briefly, then yields, then naps: cheap when a result is imminent,
+// polite when it is not (ranks may outnumber cores).
+void backoff(int idle) {
+  if (idle < kSpinPolls) {
+    __builtin_ia32_pause();
+  } else if (idle < kSpinPolls + 4096) {
+    sched_yield();
+  } else {
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+}  // namespace
+
+// --- GroupState ------------------------------------------------------------------
+
+bool GroupState::set_broken(const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (broken_.load(std::memory_order_relaxed)) return false;
+  reason_ = reason;
+  broken_.store(true, std::memory_order_release);
+  return true;
+}
+
+std::string GroupState::broken_reason() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return reason_;
+}
+
+// --- OfiWork -----------------------------------------------------------------------
+
+void OfiWork::wait() {
+  if (!is_completed()) {
+    if (auto e = engine_.lock()) e->drive_until(*this);
+  }
+  if (is_completed()) {
+    rethrow_if_failed();  // finished_ was stored after the outcome
+    return;
+  }
+  Work::wait();
+}
+
+void OfiWork::wait(std::chrono::milliseconds timeout) {
+  if (auto e = engine_.lock()) {
+    if (!e->drive_until(*this, Clock::now() + timeout)) {
+      throw TimeoutError(fmt::format("wait() gave up after {} ms on {}; the op is still running", timeout.count(),
+                                     info_.describe()));
+    }
+  }
+  Work::wait(timeout);
+}
+
+// --- Engine ------------------------------------------------------------------------
+
+Engine::Engine(std::unique_ptr<Fabric> fabric, int world_rank, std::vector<pid_t> local_pids, EngineOptions options)
+    : fabric_(std::move(fabric)), world_rank_(world_rank), local_pids_(std::move(local_pids)), options_(options) {
+  post_control_recvs();
+  thread_ = std::thread([this] { thread_main(); });
+}
+
+Engine::~Engine() {
+  {
+    // Give abort notices a moment to leave: a rank that failed usually tears
+    // down right away, and closing the endpoint would drop them.
+    std::lock_guard<std::mutex> driver(driver_mu_);
+    auto until = Clock::now() + std::chrono::milliseconds(200);
+    while (control_sends_ > 0 && Clock::now() < until) {
+      retry_posts();
+      drain_cq();
+      std::this_thread::yield();
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(state_mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+
+  std::vector<Completion> done;
+  {
+    std::lock_guard<std::mutex> driver(driver_mu_);
+    std::vector<std::unique_ptr<Op>> ops;
+    {
+      std::lock_guard<std::mutex> lock(state_mu_);
+      ops.swap(incoming_);
+      for (auto& g : registered_) groups_.push_back(g);
+    }
+    for (auto& g : groups_) {
+      while (!g->queue.empty()) {
+        ops.push_back(std::move(g->queue.front()));
+        g->queue.pop_front();
+      }
+    }
+    for (auto& op : p2p_) ops.push_back(std::move(op));
+    p2p_.clear();
+    for (auto& op : ops) op->group->set_broken("the ofi backend was destroyed");  // nothing to announce
+    for (auto& op : ops) {
+      fail(*op, std::make_exception_ptr(CommError(fmt::format(
+                    "{} failed: the ofi backend was destroyed while the op was pending", op->work->info().describe()))),
+           done);
+    }
+    groups_.clear();
+  }
+  complete(done);
+  // Closing the endpoint ends every transfer; only then may the memory that
+  // pending operations point at go away.
+  control_mrs_.clear();
+  graveyard_scratch_.clear();
+  graveyard_regs_.clear();
+  scratch_pool_.clear();
+  fabric_.reset();
+}
+
+pid_t Engine::local_pid(int world) const {
+  return world >= 0 && static_cast<size_t>(world) < local_pids_.size() ? local_pids_[world] : 0;
+}
+
+void Engine::add_group(const std::shared_ptr<GroupState>& g) {
+  std::lock_guard<std::mutex> lock(state_mu_);
+  registered_.push_back(g);
+  groups_changed_ = true;
+  has_incoming_.store(true, std::memory_order_release);
+}
+
+void Engine::remove_group(const GroupState* g) {
+  std::lock_guard<std::mutex> lock(state_mu_);
+  std::erase_if(registered_, [g](const auto& p) { return p.get() == g; });
+  groups_changed_ = true;
+  has_incoming_.store(true, std::memory_order_release);
+}
+
+void Engine::submit(std::unique_ptr<Op> op) {
+  if (op->group->broken()) {
+    auto work = op->work;
+    work->mark_failed(std::make_exception_ptr(
+        CommError(fmt::format("{} failed at once: group '{}' is broken: {}", work->info().describe(),
+                              op->group->name, op->group->broken_reason()))));
+    work->finished_.store(true, std::memory_order_release);
+    return;
+  }
+  outstanding_.fetch_add(1, std::memory_order_relaxed);
+  // Fast path: nobody is driving, so this thread places the op itself and
+  // runs it up to its first wait (e.g. publishes its data), saving a hand-off.
+  if (driver_mu_.try_lock()) {
+    thread_local std::vector<Completion> done;
+    try {
+      absorb_incoming(done);
+      place(std::move(op), done);
+    } catch (...) {
+      driver_mu_.unlock();
+      throw;
+    }
+    driver_mu_.unlock();
+    if (!done.empty()) complete(done);
+    if (deep_sleep_.load(std::memory_order_acquire)) cv_.notify_one();
+    return;
+  }
+  bool wake = false;
+  {
+    std::lock_guard<std::mutex> lock(state_mu_);
+    incoming_.push_back(std::move(op));
+    has_incoming_.store(true, std::memory_order_release);
+    wake = deep_sleep_.load(std::memory_order_relaxed);
+  }
+  if (wake) cv_.notify_one();
+}
+
+void Engine::break_group(const std::shared_ptr<GroupState>& g, const std::string& reason, bool announce) {
+  if (!g->set_broken(reason)) return;
+  TORUS_LOG_WARN("ofi: group '{}' is broken: {}", g->name, reason);
+  bool wake = false;
+  {
+    std::lock_guard<std::mutex> lock(state_mu_);
+    if (announce) notices_.emplace_back(g, reason);
+    has_incoming_.store(true, std::memory_order_release);
+    wake = deep_sleep_.load(std::memory_order_relaxed);
+  }
+  if (wake) cv_.notify_one();
+}
+
+bool Engine::drive_until(const OfiWork& work, Clock::time_point until) {
+  waiters_.fetch_add(1, std::memory_order_acq_rel);
+  thread_local std::vector<Completion> completions;
+  int idle = 0;
+  bool ok = false;
+  while (!(ok = work.is_completed())) {
+    if (until != Clock::time_point::max() && Clock::now() >= until) break;
+    bool progressed = false;
+    if (driver_mu_.try_lock()) {
+      try {
+        progressed = poll_once(completions);
+      } catch (...) {
+        driver_mu_.unlock();
+        waiters_.fetch_sub(1, std::memory_order_acq_rel);
+        throw;
+      }
+      driver_mu_.unlock();
+      if (!completions.empty()) complete(completions);
+    }
+    idle = progressed ? 0 : idle + 1;
+    if (!progressed) backoff(idle);
+  }
+  if (waiters_.fetch_sub(1, std::memory_order_acq_rel) == 1 && outstanding_.load(std::memory_order_relaxed) > 0) {
+    cv_.notify_one();  // hand driving back to the engine thread
+  }
+  return ok;
+}
+
+void Engine::thread_main() {
+  std::vector<Completion> completions;
+  auto last_active = Clock::now();
+  int idle = 0;
+  while (true) {
+    {
+      std::unique_lock<std::mutex> lock(state_mu_);
+      if (stop_) break;
+      bool work = outstanding_.load(std::memory_order_relaxed) > 0 || !notices_.empty();
+      auto now = Clock::now();
+      if (work) last_active = now;
+      if (!work && now - last_active > options_.idle_to_sleep) {
+        deep_sleep_.store(true, std::memory_order_release);
+        cv_.wait(lock, [&] { return stop_ || outstanding_.load(std::memory_order_relaxed) > 0 || !notices_.empty(); });
+        deep_sleep_.store(false, std::memory_order_release);
+        last_active = Clock::now();
+        continue;
+      }
+      if (!work || waiters_.load(std::memory_order_acquire) > 0) {
+        cv_.wait_for(lock, options_.standby_poll);
+        idle = 0;
+        if (!has_incoming_.load(std::memory_order_acquire)) continue;
+      }
+    }
+    bool progressed = false;
+    if (driver_mu_.try_lock()) {
+      try {
+        progressed = poll_once(completions);
+      } catch (const std::exception& e) {
+        TORUS_LOG_ERROR("ofi: progress engine error: {}", e.what());
+      }
+      driver_mu_.unlock();
+      if (!completions.empty()) complete(completions);
+    }
+    idle = progressed ? 0 : idle + 1;
+    if (!progressed) backoff(idle);
+  }
+}
+
+void Engine::complete(std::vector<Completion>& done) {
+  // Callbacks may wait on other ops and so re-enter this thread's driving:
+  // work on a private batch, and hand its capacity back afterwards.
+  std::vector<Completion> batch;
+  batch.swap(done);
+  for (auto& c : batch) {
+    if (c.error) {
+      c.work->mark_failed(c.error);
+    } else {
+      c.work->mark_completed();
+    }
+    c.work->finished_.store(true, std::memory_order_release);
+  }
+  batch.clear();
+  if (done.empty()) done.swap(batch);
+}
+
+void Engine::absorb_incoming(std::vector<Completion>& done) {
+  if (!has_incoming_.load(std::memory_order_acquire)) return;
+  std::vector<std::unique_ptr<Op>> in;
+  std::vector<std::pair<std::shared_ptr<GroupState>, std::string>> notices;
+  {
+    std::lock_guard<std::mutex> lock(state_mu_);
+    in.swap(incoming_);
+    notices.swap(notices_);
+    has_incoming_.store(false, std::memory_order_relaxed);
+    if (groups_changed_) {
+      // Keep unregistered groups until their queued ops have drained.
+      std::vector<std::shared_ptr<GroupState>> next = registered_;
+      for (auto& g : groups_) {
+        if (!g->queue.empty() && std::find(next.begin(), next.end(), g) == next.end()) next.push_back(g);
+      }
+      groups_.swap(next);
+      groups_changed_ = false;
+    }
+  }
+  for (auto& [g, reason] : notices) announce(*g, reason);
+  for (auto& op : in) place(std::move(op), done);
+}
+
+// Queues a collective behind its group's FIFO (starting it when it is the
+// head), or starts a point-to-point op at once.
+void Engine::place(std::unique_ptr<Op> op, std::vector<Completion>& done) {
+  if (!op->collective) {
+    p2p_.push_back(std::move(op));
+    if (step(*p2p_.back(), done)) p2p_.pop_back();
+    return;
+  }
+  const std::shared_ptr<GroupState>& group = op->group;
+  GroupState* g = group.get();
+  if (std::find_if(groups_.begin(), groups_.end(), [g](const auto& p) { return p.get() == g; }) == groups_.end()) {
+    groups_.push_back(group);
+  }
+  g->queue.push_back(std::move(op));
+  if (g->queue.size() == 1 && step(*g->queue.front(), done)) g->queue.pop_front();
+}
+
+bool Engine::poll_once(std::vector<Completion>& done) {
+  bool progress = false;
+  ++polls_;
+  if (has_incoming_.load(std::memory_order_acquire)) {
+    absorb_incoming(done);
+    progress = true;
+  }
+  // With nothing posted, the CQ only matters for control messages.
+  if (posted_requests_ > 0 || unposted_ > 0 || (polls_ & 63) == 0) progress |= drain_cq();
+  if (unposted_ > 0) progress |= retry_posts();
+
+  for (auto& g : groups_) {
+    while (!g->queue.empty()) {
+      Op& head = *g->queue.front();
+      bool finished;
+      if (g->broken() && head.ctx) {
+        fail(head, std::make_exception_ptr(CommError(fmt::format("{} failed: group '{}' is broken: {}",
+                                                                 head.work->info().describe(), g->name,
+                                                                 g->broken_reason()))),
+             done);
+        finished = true;
+      } else {
+        finished = step(head, done);
+      }
+      if (!finished) break;
+      g->queue.pop_front();
+      progress = true;
+    }
+  }
+  for (size_t i = 0; i < p2p_.size();) {
+    Op& op = *p2p_[i];
+    bool finished;
+    if (op.group->broken()) {
+      fail(op, std::make_exception_ptr(CommError(fmt::format("{} failed: group '{}' is broken: {}",
+                                                             op.work->info().describe(), op.group->name,
+                                                             op.group->broken_reason()))),
+           done);
+      finished = true;
+    } else {
+      finished = step(op, done);
+    }
+    if (finished) {
+      p2p_[i] = std::move(p2p_.back());
+      p2p_.pop_back();
+      progress = true;
+    } else {
+      ++i;
+    }
+  }
+  if ((polls_ & 63) == 0) {
+    auto now = Clock::now();
+    if (now >= next_deadline_check_) {
+      check_deadlines(now, done);
+      next_deadline_check_ = now + std::chrono::milliseconds(1);
+    }
+  }
+  return progress || !done.empty();
+}
+
+// Starts or resumes `op`; returns true when it finished (either way).
+bool Engine::step(Op& op, std::vector<Completion>& done) {
+  try {
+    if (!op.ctx) {
+      if (op.group->broken()) {
+        throw CommError(fmt::format("{} failed at once: group '{}' is broken: {}", op.work->info().describe(),
+                                    op.group->name, op.group->broken_reason()));
+      }
+      op.ctx.emplace(*this, op);
+      op.ctx->root = op.make(*op.ctx);
+      op.ctx->root.start();
+    } else {
+      Suspension& s = op.ctx->suspension();
+      if (s.ready == nullptr || !s.ready(s.arg)) return false;
+      auto h = s.resume;
+      s.ready = nullptr;
+      h.resume();
+    }
+  } catch (...) {
+    fail(op, std::current_exception(), done);
+    return true;
+  }
+  if (op.ctx->root.done()) {
+    std::exception_ptr error = op.ctx->root.error();
+    if (error) {
+      fail(op, error, done);
+    } else {
+      finish(op, nullptr, done);
+    }
+    return true;
+  }
+  return false;
+}
+
+void Engine::fail(Op& op, std::exception_ptr error, std::vector<Completion>& done) {
+  if (op.ctx) op.ctx->abandon();
+  std::string what;
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    what = e.what();
+  } catch (...) {
+    what = "unknown error";
+  }
+  bool timed_out = false;
+  try {
+    std::rethrow_exception(error);
+  } catch (const TimeoutError&) {
+    timed_out = true;
+  } catch (...) {
+  }
+  // A failure caused by a peer's death often shows up first as an error on
+  // another link; name the dead same-host processes so the cause is clear.
+  std::vector<int> dead;
+  for (int w : op.group->member_world) {
+    if (!peer_alive(w) && what.find(fmt::format("world rank {} ", w)) == std::string::npos) dead.push_back(w);
+  }
+  if (!dead.empty()) {
+    std::string note = fmt::format("; note: world rank(s) {} on this host have exited", fmt::join(dead, ", "));
+    what += note;
+    error = timed_out ? std::make_exception_ptr(TimeoutError(what)) : std::make_exception_ptr(CommError(what));
+  }
+  if (op.group->set_broken(what)) {
+    TORUS_LOG_WARN("ofi: group '{}' is broken: {}", op.group->name, what);
+    if (!timed_out) announce(*op.group, what);
+  }
+  finish(op, error, done);
+}
+
+void Engine::finish(Op& op, std::exception_ptr error, std::vector<Completion>& done) {
+  op.ctx.reset();
+  done.push_back({op.work, error});
+  outstanding_.fetch_sub(1, std::memory_order_relaxed);
+}
+
+void Engine::check_deadlines(Clock::time_point now, std::vector<Completion>& done) {
+  auto timeout = [&](Op& op, const std::string& detail) {
+    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(op.deadline - op.issued).count();
+    fail(op, std::make_exception_ptr(TimeoutError(fmt::format("{} timed out after {} ms{}",
+                                                              op.work->info().describe(), ms, detail))),
+         done);
+  };
+  for (auto& g : groups_) {
+    for (size_t i = 0; i < g->queue.size(); ++i) {
+      Op& op = *g->queue[i];
+      if (op.ctx && now >= op.next_liveness_check) {
+        op.next_liveness_check = now + kLivenessPeriod;
+        if (check_liveness(op, done)) {
+          g->queue.erase(g->queue.begin() + static_cast<long>(i));
+          break;
+        }
+      }
+      if (now < op.deadline) continue;
+      std::string detail = op.ctx ? "; waiting for " + op.ctx->describe_wait()
+                                  : fmt::format("; it had not started, queued behind {}",
+                                                g->queue.front()->work->info().describe());
+      timeout(op, detail);
+      g->queue.erase(g->queue.begin() + static_cast<long>(i));
+      break;  // the group is broken now; the rest fail at their next step
+    }
+  }
+  for (size_t i = 0; i < p2p_.size();) {
+    Op& op = *p2p_[i];
+    bool gone = false;
+    if (op.ctx && now >= op.next_liveness_check) {
+      op.next_liveness_check = now + kLivenessPeriod;
+      gone = check_liveness(op, done);
+    }
+    if (!gone && now >= op.deadline) {
+      timeout(op, op.ctx ? "; waiting for " + op.ctx->describe_wait() : std::string());
+      gone = true;
+    }
+    if (gone) {
+      p2p_[i] = std::move(p2p_.back());
+      p2p_.pop_back();
+    } else {
+      ++i;
+    }
+  }
+}
+
+bool Engine::check_liveness(Op& op, std::vector<Completion>& done) {
+  int dead = op.ctx->find_dead_local_peer();
+  if (dead < 0) return false;
+  fail(op, std::make_exception_ptr(CommError(fmt::format(
+               "{} failed: peer world rank {} (pid {}) on this host exited while this op waited for it",
+               op.work->info().describe(), dead, local_pid(dead)))),
+       done);
+  return true;
+}
+
+bool Engine::peer_alive(int world) const {
+  pid_t pid = local_pid(world);
+  if (pid <= 0) return true;  // not on this host: the provider or the deadline tells
+  return ::kill(pid, 0) == 0 || errno != ESRCH;
+}
+
+}  // namespace torus::comm::ofi

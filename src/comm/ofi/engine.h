@@ -1,0 +1,367 @@
+// Private: the progress engine of one ofi world — the thing that makes
+// operations move.
+//
+// One Engine owns the world's Fabric (endpoint + CQ) and runs every op of
+// every group of that world (the world and all its splits share it). Ops are
+// coroutines (task.h); the engine resumes them when what they wait for is
+// there.
+//
+// Note [Who drives]: "driving" = polling the CQ and resuming ready ops, under
+// the driver lock. A thread blocked in Work::wait() drives itself (lowest
+// latency, no hand-off); the engine's own thread drives only while nobody
+// waits, so ops also progress when the caller never waits (overlap). While
+// ops exist and nobody waits, the engine thread polls (backing off to short
+// sleeps when nothing moves); with no ops for a while it sleeps until the
+// next submit. Work completion callbacks run after the driver lock is
+// released, so a callback may issue or wait on other ops.
+//
+// Note [Op order]: per group, collectives run one at a time in issue order
+// (a FIFO); point-to-point ops start (post) in issue order as soon as they
+// are submitted and run concurrently with everything else, so a rank may
+// post a recv, then enter a collective, without deadlocking a peer that does
+// the reverse. Different groups progress independently.
+//
+// Note [Failure]: an op fails when it passes its deadline (TimeoutError
+// naming what it waited for: peers, requests, segment rounds), when a
+// completion reports an error or a same-host peer process is gone
+// (CommError naming the peer), or when the group is aborted. The failing
+// rank marks its group broken — later and queued ops fail at once with
+// CommError — and tells the group's other ranks with a best-effort control
+// message (FI_MSG), so they fail promptly too instead of waiting for their
+// own deadlines. Only hard failures are announced: a deadline is each rank's
+// own (every rank reports its own TimeoutError), and abort() is local.
+// Pending requests of a failed op are cancelled; their completions are
+// swallowed when they arrive.
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "comm/ofi/fabric.h"
+#include "comm/ofi/task.h"
+#include "comm/ofi/tags.h"
+#include "torus/comm/work.h"
+
+namespace torus::comm::ofi {
+
+using Clock = std::chrono::steady_clock;
+class Engine;
+struct Op;
+class OpCtx;
+
+// One posted libfabric operation. Owned by the engine's pool.
+struct Request {
+  fi_context2 fi_ctx;  // first member: the context handed to the provider
+  // kQueued: waiting to be handed to the provider (its queues were full).
+  enum class State : uint8_t { kFree, kQueued, kPending, kDone, kFailed };
+  State state = State::kFree;
+  bool orphan = false;     // its op is gone: free it when its completion arrives
+  bool control = false;    // an engine control message buffer
+  const char* what = "";   // "send", "recv"
+  int peer = -1;           // world rank of the peer, -1 unknown
+  size_t bytes = 0;
+  size_t got = 0;          // bytes received (from the completion)
+  std::string error;
+  Request* prev = nullptr;  // intrusive list of the owning op's live requests
+  Request* next = nullptr;
+  // What to post (kept for a retry while queued).
+  bool is_send = false;
+  bool tagged = true;
+  void* buf = nullptr;
+  void* desc = nullptr;
+  fi_addr_t addr = FI_ADDR_UNSPEC;
+  uint64_t tag = 0;
+
+  bool done() const { return state == State::kDone || state == State::kFailed; }
+};
+
+// The part of a group the engine knows: its op queue and whether it is
+// broken. Shared by the backend and its queued ops.
+struct GroupState {
+  uint32_t context = 0;
+  std::string name;
+  int rank = 0;
+  std::vector<fi_addr_t> member_addr;  // by group rank, for control messages
+  std::vector<int> member_world;       // world rank by group rank
+
+  // Called once when this rank announces a hard failure of the group to its
+  // peers (e.g. to flag the host segment). Driver thread.
+  std::function<void(const std::string&)> on_announce;
+
+  // Marks the group broken; the first reason wins. Returns true the first time.
+  bool set_broken(const std::string& reason);
+  bool broken() const { return broken_.load(std::memory_order_acquire); }
+  std::string broken_reason() const;
+
+  // Driver only.
+  std::deque<std::unique_ptr<Op>> queue;
+
+ private:
+  std::atomic<bool> broken_{false};
+  mutable std::mutex mu_;
+  std::string reason_;
+};
+
+// A Work whose wait() drives the engine (Note [Who drives]).
+class OfiWork final : public Work {
+ public:
+  OfiWork(WorkInfo info, std::weak_ptr<Engine> engine) : Work(std::move(info)), engine_(std::move(engine)) {}
+  bool is_completed() const override { return finished_.load(std::memory_order_acquire); }
+  // Once is_completed(), the outcome without taking the Work's lock.
+  void rethrow_if_failed() const {
+    if (error_) std::rethrow_exception(error_);
+  }
+  void wait() override;
+  void wait(std::chrono::milliseconds timeout) override;
+
+ private:
+  friend class Engine;
+  std::weak_ptr<Engine> engine_;
+  std::atomic<bool> finished_{false};
+};
+
+// A scratch buffer lent to one op (registered when the provider needs it).
+struct Scratch {
+  struct Free {
+    void operator()(char* p) const noexcept { std::free(p); }
+  };
+  std::unique_ptr<char, Free> data;
+  size_t bytes = 0;
+  MemoryRegion mr;  // destroyed before the memory it covers
+};
+
+
+// What an algorithm coroutine sees of its op: posting, waiting, scratch
+// memory. Driver thread only.
+class OpCtx {
+ public:
+  OpCtx(Engine& engine, Op& op);
+  ~OpCtx();
+  OpCtx(const OpCtx&) = delete;
+  OpCtx& operator=(const OpCtx&) = delete;
+
+  Engine& engine() { return engine_; }
+  const WorkInfo& info() const;
+  Clock::time_point deadline() const;
+  Suspension& suspension() { return susp_; }
+
+  // Post a tagged send/recv to/from view rank `peer` with payload (the op's
+  // sequence number for collectives, the user tag for p2p). Retries while
+  // the provider's queues are full, driving the CQ; throws TimeoutError past
+  // the deadline and CommError on a hard failure.
+  Request* send(const PeerView& v, int peer, const void* buf, size_t bytes, uint64_t payload);
+  Request* recv(const PeerView& v, int peer, void* buf, size_t bytes, uint64_t payload);
+
+  // Suspends until every request is done, then releases them. Throws
+  // CommError naming the peer if one failed.
+  auto wait(Request* a, Request* b = nullptr) {
+    return Until(susp_, [a, b] { return (a == nullptr || a->done()) && (b == nullptr || b->done()); },
+                 [this] { return describe_pending(); });
+  }
+  // As wait(), for a list; the list must outlive the co_await.
+  auto wait_all(const std::vector<Request*>& rs) {
+    return Until(susp_, [&rs] {
+      for (Request* r : rs) {
+        if (!r->done()) return false;
+      }
+      return true;
+    }, [this] { return describe_pending(); });
+  }
+  // After a wait: throw if any failed, release them all.
+  void finish(Request* r);
+  void finish_all(std::vector<Request*>& rs);
+
+  // Suspends until pred() holds (host segment flags, etc.).
+  template <typename Pred, typename Describe = std::nullptr_t>
+  auto until(Pred pred, Describe describe = nullptr) {
+    return Until<Pred, Describe>(susp_, std::move(pred), std::move(describe));
+  }
+
+  // A scratch buffer of at least `bytes`, 64-byte aligned, until the op ends.
+  char* scratch(size_t bytes);
+
+  // The local descriptor for [buf, buf+bytes) (nullptr when the provider
+  // does not need one); registers and caches it for the op's lifetime.
+  void* desc(const void* buf, size_t bytes);
+
+  // Outstanding requests, for timeout messages: "recv from rank 2 (4096 B)".
+  std::string describe_pending() const;
+  std::string describe_wait() const;
+
+  // Cancels whatever is still pending (op failed); the engine frees them.
+  void abandon();
+
+  // World rank of a same-host peer this op waits for whose process is gone,
+  // or -1.
+  int find_dead_local_peer() const;
+
+  Task root;
+
+ private:
+  Request* post(bool is_send, const PeerView& v, int peer, void* buf, size_t bytes, uint64_t payload);
+  Engine& engine_;
+  Op& op_;
+  Suspension susp_;
+  Request* live_ = nullptr;  // intrusive list of this op's live requests
+  std::vector<std::unique_ptr<Scratch>> scratch_;
+  struct Registration {
+    const char* base;
+    size_t bytes;
+    MemoryRegion mr;
+  };
+  std::vector<Registration> regs_;
+};
+
+// One queued or running op. The coroutine that performs it is made when it
+// starts (make()); OpWith carries the body in the same allocation.
+struct Op {
+  static void* operator new(size_t n) { return detail::cache_take(n); }
+  static void operator delete(void* p, size_t n) { detail::cache_give(p, n); }
+  virtual ~Op() = default;
+  virtual Task make(OpCtx& c) = 0;
+  std::shared_ptr<OfiWork> work;
+  std::shared_ptr<GroupState> group;
+  bool collective = true;
+  Clock::time_point issued;
+  Clock::time_point deadline;
+  Clock::time_point next_liveness_check{};
+  std::optional<OpCtx> ctx;  // set when started
+};
+
+template <typename Body>
+struct OpWith final : Op {
+  explicit OpWith(Body b) : body(std::move(b)) {}
+  Task make(OpCtx& c) override { return body(c); }
+  Body body;
+};
+
+struct EngineOptions {
+  std::chrono::microseconds standby_poll{200};  // engine thread's nap while others drive
+  std::chrono::milliseconds idle_to_sleep{50};  // then it sleeps until the next submit
+};
+
+class Engine : public std::enable_shared_from_this<Engine> {
+ public:
+  // `local_pids[w]` is the pid of world rank w when it runs on this host
+  // (liveness checks), else 0. Starts the engine thread.
+  Engine(std::unique_ptr<Fabric> fabric, int world_rank, std::vector<pid_t> local_pids, EngineOptions options = {});
+  ~Engine();  // fails every outstanding op with CommError and stops the thread
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  Fabric& fabric() { return *fabric_; }
+  int world_rank() const { return world_rank_; }
+  pid_t local_pid(int world) const;
+
+  // Groups must be registered while they can receive control messages.
+  void add_group(const std::shared_ptr<GroupState>& g);
+  void remove_group(const GroupState* g);
+
+  // Queues an op (Note [Op order]). Thread safe. The op's group must be
+  // registered. Fails the op at once if the group is broken.
+  void submit(std::unique_ptr<Op> op);
+
+  // Breaks `g` (abort()): its running op fails at the next poll, queued ops
+  // fail. With `announce`, peers get a control message too. Thread safe.
+  void break_group(const std::shared_ptr<GroupState>& g, const std::string& reason, bool announce);
+
+  // Drives progress until `work` completes or `until` passes (Note [Who
+  // drives]). Returns whether it completed.
+  bool drive_until(const OfiWork& work, Clock::time_point until = Clock::time_point::max());
+
+  // --- driver-side helpers used by OpCtx --------------------------------------
+  Request* new_request();
+  void release(Request* r);
+  // Hands r (fields filled) to the provider, or queues it behind earlier
+  // requests the provider could not take yet, keeping the posting order
+  // per destination for sends and overall for receives (matching follows
+  // posting order). A full queue towards one peer never holds up traffic to
+  // the others. Never blocks.
+  void post(Request* r);
+  // Polls the CQ once; returns whether anything completed.
+  bool drain_cq();
+  // False when world rank `world` runs on this host and its process is gone.
+  bool peer_alive(int world) const;
+  std::unique_ptr<Scratch> lend_scratch(size_t bytes);
+  void return_scratch(std::unique_ptr<Scratch> s);
+  // Keeps memory that cancelled operations may still point at until the
+  // endpoint is closed.
+  void bury(std::vector<std::unique_ptr<Scratch>>& scratch, std::vector<MemoryRegion>& regs);
+
+ private:
+  struct Completion {
+    std::shared_ptr<OfiWork> work;
+    std::exception_ptr error;
+  };
+  bool poll_once(std::vector<Completion>& done);
+  bool retry_posts();
+  long try_post(Request* r);
+  void absorb_incoming(std::vector<Completion>& done);
+  void place(std::unique_ptr<Op> op, std::vector<Completion>& done);
+  bool step(Op& op, std::vector<Completion>& done);
+  void fail(Op& op, std::exception_ptr error, std::vector<Completion>& done);
+  void finish(Op& op, std::exception_ptr error, std::vector<Completion>& done);
+  void check_deadlines(Clock::time_point now, std::vector<Completion>& done);
+  bool check_liveness(Op& op, std::vector<Completion>& done);
+  void complete(std::vector<Completion>& done);
+  void handle_control(Request* r);
+  void post_control_recvs();
+  void announce(GroupState& g, const std::string& reason);
+  void thread_main();
+
+  std::unique_ptr<Fabric> fabric_;
+  int world_rank_;
+  std::vector<pid_t> local_pids_;
+  EngineOptions options_;
+
+  // Driver state (driver_mu_).
+  std::mutex driver_mu_;
+  std::deque<Request> pool_;
+  Request* free_ = nullptr;
+  std::vector<std::shared_ptr<GroupState>> groups_;  // snapshot of registered groups
+  std::vector<std::unique_ptr<Op>> p2p_;
+  std::vector<std::vector<char>> control_bufs_;
+  std::vector<Request*> control_reqs_;
+  std::deque<std::vector<char>> notice_bufs_;
+  std::vector<MemoryRegion> control_mrs_;
+  std::vector<std::unique_ptr<Scratch>> scratch_pool_;
+  std::vector<std::unique_ptr<Scratch>> graveyard_scratch_;
+  std::vector<MemoryRegion> graveyard_regs_;
+  uint64_t polls_ = 0;
+  Clock::time_point next_deadline_check_{};
+
+  // Shared state (state_mu_).
+  std::mutex state_mu_;
+  std::condition_variable cv_;
+  std::vector<std::unique_ptr<Op>> incoming_;
+  std::vector<std::shared_ptr<GroupState>> registered_;
+  std::vector<std::pair<std::shared_ptr<GroupState>, std::string>> notices_;  // breaks to announce
+  bool groups_changed_ = false;
+  bool stop_ = false;
+  std::atomic<bool> deep_sleep_{false};
+  int64_t posted_requests_ = 0;  // driver: requests posted and not completed
+  // Driver: requests waiting for provider queue space, sends per destination.
+  std::deque<Request*> unposted_recvs_;
+  std::unordered_map<fi_addr_t, std::deque<Request*>> unposted_sends_;
+  size_t unposted_ = 0;
+  int control_sends_ = 0;          // driver: abort notices in flight
+  std::atomic<bool> has_incoming_{false};
+  std::atomic<int> waiters_{0};
+  std::atomic<int64_t> outstanding_{0};  // ops submitted and not finished
+  std::thread thread_;
+};
+
+}  // namespace torus::comm::ofi

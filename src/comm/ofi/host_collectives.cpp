@@ -1,0 +1,294 @@
+// Host-segment collectives (host_collectives.h).
+//
+// Note [Segment rounds]: every host collective is a sequence of rounds, and
+// every local rank numbers rounds identically (HostGroup::round counts them
+// over the life of the group). In round r a rank may write its slots r % D
+// only after every peer's `consumed` counter reached r - D, i.e. after all
+// of them finished reading those slots in round r - D. Within a round,
+// `copied` and `reduced` say that a rank's in-slot and out-slot of round r
+// are ready. Counters only grow, so a round never waits for a signal of an
+// older op, and nothing needs resetting between ops.
+#include "comm/ofi/host_collectives.h"
+
+#include <algorithm>
+
+#include "core/log.h"
+
+#include "comm/ofi/algo_step.h"
+#include "comm/ofi/algorithms.h"
+#include "comm/ofi/reduce_ops.h"
+#include "comm/ofi/stream_copy.h"
+
+namespace torus::comm::ofi {
+namespace {
+
+enum class Counter { kCopied, kReduced, kConsumed };
+
+constexpr const char* counter_name(Counter k) {
+  return k == Counter::kCopied ? "copied" : k == Counter::kReduced ? "reduced" : "consumed";
+}
+
+std::atomic<uint64_t>& counter(const HostSegment& s, int local_rank, Counter k) {
+  SegmentControl& c = s.control(local_rank);
+  return k == Counter::kCopied ? c.copied.value : k == Counter::kReduced ? c.reduced.value : c.consumed.value;
+}
+
+void signal(HostGroup* h, Counter k, uint64_t round) {
+  counter(*h->seg, h->local_rank(), k).store(round, std::memory_order_release);
+}
+
+// Suspends until counter k of every other local rank (or of `only`) reaches
+// `target`. Throws when the segment is aborted or a member died.
+auto wait_for(OpCtx& c, HostGroup* h, Counter k, uint64_t target, int only = -1) {
+  auto ready = [&c, h, k, target, only, spins = 0u]() mutable {
+    const HostSegment& s = *h->seg;
+    bool ok = true;
+    for (int q = 0; q < s.local_size() && ok; ++q) {
+      if (q == s.local_rank() || (only >= 0 && q != only)) continue;
+      ok = counter(s, q, k).load(std::memory_order_acquire) >= target;
+    }
+    if (ok) return true;
+    if (s.is_aborted()) {
+      throw CommError(fmt::format("{} failed: the group was aborted by {}", c.info().describe(), s.aborted()));
+    }
+    if ((++spins & 255) == 0) {
+      auto now = Clock::now();
+      if (now >= h->next_liveness_check) {
+        h->next_liveness_check = now + std::chrono::milliseconds(50);
+        int dead = s.find_dead_member();
+        if (dead >= 0) {
+          throw CommError(fmt::format("{} failed: peer world rank {} on this host exited (its process is gone)",
+                                      c.info().describe(), dead));
+        }
+      }
+    }
+    return false;
+  };
+  auto describe = [h, k, target, only] {
+    const HostSegment& s = *h->seg;
+    std::vector<std::string> lag;
+    for (int q = 0; q < s.local_size(); ++q) {
+      if (q == s.local_rank() || (only >= 0 && q != only)) continue;
+      uint64_t v = counter(s, q, k).load(std::memory_order_acquire);
+      if (v < target) lag.push_back(fmt::format("world rank {} ({} {} < {})", s.control(q).world_rank,
+                                                counter_name(k), v, target));
+    }
+    return fmt::format("same-host peers in shared memory: {}", fmt::join(lag, ", "));
+  };
+  return c.until(std::move(ready), std::move(describe));
+}
+
+// Slots of round r may be rewritten once every peer consumed round r - D.
+auto wait_slots_free(OpCtx& c, HostGroup* h, uint64_t r) {
+  uint64_t need = r > static_cast<uint64_t>(h->seg->depth()) ? r - static_cast<uint64_t>(h->seg->depth()) : 0;
+  return wait_for(c, h, Counter::kConsumed, need);
+}
+
+// dst = reduction of srcs[0..] (srcs[0] may alias dst), n elements; halves
+// are accumulated in f32 (`acc`, n floats) and rounded once.
+void combine(char* dst, const std::vector<const char*>& srcs, size_t n, DType t, ReduceOp op, int64_t divisor,
+             float* acc) {
+  if (n == 0) return;
+  if (is_half(t)) {
+    kernels::half_to_f32(srcs[0], acc, n, t);
+    for (size_t i = 1; i < srcs.size(); ++i) kernels::reduce_half_into_f32(acc, srcs[i], n, t, carried(op));
+    divide(acc, n, DType::kF32, divisor);
+    kernels::f32_to_half(acc, dst, n, t);
+    return;
+  }
+  reduce_into(dst, srcs[0], srcs[1], n, t, op);
+  for (size_t i = 2; i < srcs.size(); ++i) reduce_inplace(dst, srcs[i], n, t, op);
+  divide(dst, n, t, divisor);
+}
+
+}  // namespace
+
+Task host_pass(OpCtx& c, HostGroup* h, HostPass a) {
+  const HostSegment& s = *h->seg;
+  const int L = s.local_size(), me = s.local_rank();
+  const size_t e = dtype_size(a.dtype), stripe = s.stripe_bytes(), ce = stripe / e;
+  const size_t um = static_cast<size_t>(me);
+  size_t rounds = 0, total = 0;
+  for (size_t l : a.len) {
+    rounds = std::max(rounds, algo::chunks_of(l, ce));
+    total += l * e;
+  }
+  const bool reduce = a.in != nullptr;
+  const bool i_gather = a.gather && (a.gather_root < 0 || a.gather_root == me);
+  // Results of large ops go to user memory with non-temporal stores.
+  auto put = [nt = total >= h->nt_bytes](char* dst, const char* src, size_t n) {
+    if (n == 0 || dst == src) return;
+    if (nt) {
+      stream_copy(dst, src, n);
+    } else {
+      std::memcpy(dst, src, n);
+    }
+  };
+  auto len = [&](int p, size_t t) { return algo::chunk_len(a.len[static_cast<size_t>(p)], ce, t); };
+  // This rank's stripe t of every other block into its in-slot of round r.
+  auto copy_in = [&](size_t t, uint64_t r) {
+    char* slot = s.in_slot(me, r);
+    for (int p = 0; p < L; ++p) {
+      size_t n = len(p, t);
+      if (p != me && n > 0) {
+        std::memcpy(slot + static_cast<size_t>(p) * stripe, a.in + (a.in_off[static_cast<size_t>(p)] + t * ce) * e,
+                    n * e);
+      }
+    }
+    signal(h, Counter::kCopied, r);
+  };
+  float* acc = is_half(a.dtype) && reduce ? reinterpret_cast<float*>(c.scratch(ce * sizeof(float))) : nullptr;
+  std::vector<const char*> srcs(static_cast<size_t>(L));
+  const uint64_t base = h->round;
+  h->round += rounds;
+  // Software pipeline: the copy-in of round t+1 runs before this rank waits
+  // for the peers' results of round t.
+  if (reduce && rounds > 0) {
+    co_await wait_slots_free(c, h, base + 1);
+    copy_in(0, base + 1);
+  }
+  for (size_t t = 0; t < rounds; ++t) {
+    const uint64_t r = base + t + 1;
+    const size_t m = len(me, t);
+    char* mine = s.out_slot(me, r);
+    if (reduce) {
+      co_await wait_for(c, h, Counter::kCopied, r);
+      if (m > 0) {
+        srcs[0] = a.in + (a.in_off[um] + t * ce) * e;
+        for (int q = 0, i = 1; q < L; ++q) {
+          if (q != me) srcs[static_cast<size_t>(i++)] = s.in_slot(q, r) + um * stripe;
+        }
+        combine(mine, srcs, m, a.dtype, a.op, a.divisor, acc);
+        if (a.my_dst != nullptr) put(a.my_dst + t * ce * e, mine, m * e);
+      }
+    } else if (a.gather) {
+      co_await wait_slots_free(c, h, r);
+      const char* src = a.my_src + t * ce * e;
+      std::memcpy(mine, src, m * e);
+      if (a.out != nullptr) put(a.out + (a.out_off[um] + t * ce) * e, src, m * e);
+    }
+    if (a.gather) signal(h, Counter::kReduced, r);
+    if (reduce && t + 1 < rounds) {
+      co_await wait_slots_free(c, h, r + 1);
+      copy_in(t + 1, r + 1);
+    }
+    if (i_gather) {
+      co_await wait_for(c, h, Counter::kReduced, r);
+      for (int q = 0; q < L; ++q) {
+        if (q != me) put(a.out + (a.out_off[static_cast<size_t>(q)] + t * ce) * e, s.out_slot(q, r), len(q, t) * e);
+      }
+    }
+    signal(h, Counter::kConsumed, r);
+  }
+}
+
+Task host_all_reduce(OpCtx& c, HostGroup* h, const void* in_v, void* out_v, size_t count, DType t, ReduceOp op,
+                     int64_t divisor, size_t eager_bytes) {
+  const HostSegment& s = *h->seg;
+  const int L = s.local_size(), me = s.local_rank();
+  const size_t e = dtype_size(t), bytes = count * e;
+  const char* in = static_cast<const char*>(in_v);
+  char* out = static_cast<char*>(out_v);
+  if (bytes <= std::min(eager_bytes, static_cast<size_t>(L) * s.stripe_bytes())) {
+    const uint64_t r = ++h->round;
+    co_await wait_slots_free(c, h, r);
+    std::memcpy(s.in_slot(me, r), in, bytes);
+    signal(h, Counter::kCopied, r);
+    co_await wait_for(c, h, Counter::kCopied, r);
+    std::vector<const char*> srcs;
+    for (int q = 0; q < L; ++q) srcs.push_back(s.in_slot(q, r));  // rank order: the same bits everywhere
+    float* acc = is_half(t) ? reinterpret_cast<float*>(c.scratch(count * sizeof(float))) : nullptr;
+    combine(out, srcs, count, t, op, divisor, acc);
+    signal(h, Counter::kConsumed, r);
+    co_return;
+  }
+  algo::Partition p = algo::balanced(count, L);
+  HostPass a;
+  a.dtype = t;
+  a.op = op;
+  a.divisor = divisor;
+  a.len = p.len;
+  a.in = in;
+  a.in_off = p.off;
+  a.my_dst = out + p.off[static_cast<size_t>(me)] * e;
+  a.gather = true;
+  a.out = out;
+  a.out_off = p.off;
+  co_await host_pass(c, h, std::move(a));
+}
+
+Task host_reduce_scatter(OpCtx& c, HostGroup* h, const void* in, void* out, size_t count, DType t, ReduceOp op,
+                         int64_t divisor) {
+  const size_t L = static_cast<size_t>(h->local_size());
+  HostPass a;
+  a.dtype = t;
+  a.op = op;
+  a.divisor = divisor;
+  a.len.assign(L, count);
+  for (size_t i = 0; i < L; ++i) a.in_off.push_back(i * count);
+  a.in = static_cast<const char*>(in);
+  a.my_dst = static_cast<char*>(out);
+  co_await host_pass(c, h, std::move(a));
+}
+
+Task host_all_gather(OpCtx& c, HostGroup* h, const void* in, void* out, size_t count, size_t elt) {
+  const size_t L = static_cast<size_t>(h->local_size());
+  HostPass a;
+  a.dtype = elt == 8 ? DType::kI64 : elt == 4 ? DType::kI32 : elt == 2 ? DType::kF16 : DType::kU8;
+  a.len.assign(L, count);
+  for (size_t i = 0; i < L; ++i) a.out_off.push_back(i * count);
+  a.my_src = static_cast<const char*>(in);
+  a.gather = true;
+  a.out = static_cast<char*>(out);
+  co_await host_pass(c, h, std::move(a));
+}
+
+Task host_reduce(OpCtx& c, HostGroup* h, const void* in, void* out, size_t count, DType t, ReduceOp op,
+                 int64_t divisor, int root) {
+  const size_t e = dtype_size(t);
+  algo::Partition p = algo::balanced(count, h->local_size());
+  const bool is_root = h->local_rank() == root;
+  HostPass a;
+  a.dtype = t;
+  a.op = op;
+  a.divisor = divisor;
+  a.len = p.len;
+  a.in = static_cast<const char*>(in);
+  a.in_off = p.off;
+  a.my_dst = is_root ? static_cast<char*>(out) + p.off[static_cast<size_t>(root)] * e : nullptr;
+  a.gather = true;
+  a.gather_root = root;
+  a.out = is_root ? static_cast<char*>(out) : nullptr;
+  a.out_off = p.off;
+  co_await host_pass(c, h, std::move(a));
+}
+
+Task host_broadcast(OpCtx& c, HostGroup* h, void* buf_v, size_t bytes, int root) {
+  const HostSegment& s = *h->seg;
+  const int me = s.local_rank();
+  char* buf = static_cast<char*>(buf_v);
+  const size_t S = static_cast<size_t>(s.local_size()) * s.stripe_bytes();
+  const size_t rounds = algo::chunks_of(bytes, S);
+  for (size_t t = 0; t < rounds; ++t) {
+    const uint64_t r = ++h->round;
+    const size_t n = algo::chunk_len(bytes, S, t);
+    if (me == root) {
+      co_await wait_slots_free(c, h, r);
+      std::memcpy(s.in_slot(me, r), buf + t * S, n);
+      signal(h, Counter::kCopied, r);
+    } else {
+      co_await wait_for(c, h, Counter::kCopied, r, root);
+      std::memcpy(buf + t * S, s.in_slot(root, r), n);
+    }
+    signal(h, Counter::kConsumed, r);
+  }
+}
+
+Task host_barrier(OpCtx& c, HostGroup* h) {
+  const uint64_t r = ++h->round;
+  signal(h, Counter::kCopied, r);
+  co_await wait_for(c, h, Counter::kCopied, r);
+  signal(h, Counter::kConsumed, r);
+}
+
+}  // namespace torus::comm::ofi

@@ -1,0 +1,81 @@
+// Private: collectives among the ranks of one group that share a host,
+// through the group's HostSegment (host_segment.h) — no provider involved.
+//
+// Data crosses between processes through cache-sized staging stripes: the
+// sender copies a stripe into its own slot, the reader combines or copies it
+// straight into its user buffer. With stripes small enough to stay in the
+// shared last-level cache, the extra copy costs little and the DRAM traffic
+// per rank stays close to reading its input and writing its output once.
+//
+//  * all_reduce <= eager bytes: one round; every rank reduces all slots in
+//    rank order (identical bits everywhere).
+//  * all_reduce above: a pipelined reduce-scatter + all-gather. Local rank i
+//    owns block i; per round it reduces one stripe of its block from every
+//    rank's in-slot and publishes the result, which all others copy out.
+//  * reduce_scatter, all_gather, reduce: the same pipeline with one half.
+//  * broadcast: the root streams stripes through its in-slot.
+//  * barrier: one round of counters.
+//
+// Every function is collective over the local members, which must issue the
+// same sequence of host collectives (the group's op order guarantees it).
+// Waits fail with CommError when the segment is aborted or a member process
+// has died (checked every 50 ms); deadlines are the engine's.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "comm/ofi/engine.h"
+#include "comm/ofi/host_segment.h"
+#include "torus/comm/types.h"
+#include "torus/core/dtype.h"
+
+namespace torus::comm::ofi {
+
+// A group's segment and its round counter. Driver thread only.
+struct HostGroup {
+  HostSegment* seg = nullptr;
+  uint64_t round = 0;  // the last round this rank started
+  size_t nt_bytes = size_t{4} << 20;  // ops this large write results with non-temporal stores
+  Clock::time_point next_liveness_check{};
+  int local_rank() const { return seg->local_rank(); }
+  int local_size() const { return seg->local_size(); }
+};
+
+// One pipelined pass over blocks (one block per local rank, in elements).
+// Reduce-scatter half: when `in` is set, local rank i combines block i from
+// every rank's `in + in_off[i]` into `my_dst` (or only into its out-slot
+// when my_dst is null). All-gather half: when `gather` is true, the owners
+// publish their block (the reduced one, or `my_src` without a reduce half)
+// and every rank — or only `gather_root` when >= 0 — copies block q to
+// `out + out_off[q]`.
+struct HostPass {
+  DType dtype = DType::kF32;
+  ReduceOp op = ReduceOp::kSum;
+  int64_t divisor = 0;            // applied to reduced blocks (kAvg)
+  std::vector<size_t> len;        // block length per local rank
+  const char* in = nullptr;
+  std::vector<size_t> in_off;
+  char* my_dst = nullptr;
+  const char* my_src = nullptr;
+  bool gather = false;
+  int gather_root = -1;
+  char* out = nullptr;
+  std::vector<size_t> out_off;
+};
+
+Task host_pass(OpCtx& c, HostGroup* h, HostPass pass);
+
+Task host_all_reduce(OpCtx& c, HostGroup* h, const void* in, void* out, size_t count, DType t, ReduceOp op,
+                     int64_t divisor, size_t eager_bytes);
+Task host_reduce_scatter(OpCtx& c, HostGroup* h, const void* in, void* out, size_t count, DType t, ReduceOp op,
+                         int64_t divisor);
+Task host_all_gather(OpCtx& c, HostGroup* h, const void* in, void* out, size_t count, size_t elt);
+// `out` is used on `root` only (local rank).
+Task host_reduce(OpCtx& c, HostGroup* h, const void* in, void* out, size_t count, DType t, ReduceOp op,
+                 int64_t divisor, int root);
+Task host_broadcast(OpCtx& c, HostGroup* h, void* buf, size_t bytes, int root);
+Task host_barrier(OpCtx& c, HostGroup* h);
+
+}  // namespace torus::comm::ofi

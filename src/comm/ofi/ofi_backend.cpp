@@ -1,0 +1,425 @@
+// The ofi Backend: argument checks, op issue, split, and world creation
+// (ofi_backend.h). Algorithms live in group_ops.cpp, algo_*.cpp and
+// host_collectives.cpp; progress in engine.cpp.
+#include "comm/ofi/ofi_backend.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <random>
+
+#include "comm/ofi/ofi_group.h"
+#include "core/log.h"
+#include "kernels/cpu/reduce.h"
+#include "torus/core/params.h"
+
+namespace torus::comm::ofi {
+namespace {
+
+class OfiBackend final : public Backend {
+ public:
+  OfiBackend(std::shared_ptr<World> world, GroupInfo info, uint32_t context)
+      : world_(std::move(world)), info_(std::move(info)), context_(context) {
+    TORUS_CHECK(info_.size <= kMaxGroupSize, Unsupported, "ofi: group '{}' has {} ranks; at most {} are supported",
+                info_.name, info_.size, kMaxGroupSize);
+    topo_ = make_topology(*world_, context_, info_.global_ranks, info_.rank);
+    state_ = std::make_shared<GroupState>();
+    state_->context = context_;
+    state_->name = info_.name;
+    state_->rank = info_.rank;
+    state_->member_addr = topo_->full.addr;
+    state_->member_world = info_.global_ranks;
+    std::weak_ptr<Topology> weak = topo_;
+    int world_rank = world_->rank;
+    state_->on_announce = [weak, world_rank](const std::string& reason) {
+      if (auto t = weak.lock(); t && t->segment) t->segment->mark_aborted(world_rank, reason);
+    };
+    world_->engine->add_group(state_);
+  }
+
+  ~OfiBackend() override { world_->engine->remove_group(state_.get()); }
+
+  std::string_view name() const override { return "ofi"; }
+  DeviceType device_type() const override { return DeviceType::kCPU; }
+  const GroupInfo& group() const override { return info_; }
+  bool supports(OpType, DType, ReduceOp) const override { return true; }
+
+  WorkPtr all_reduce(const void* in, void* out, size_t count, DType dt, ReduceOp op, Duration timeout) override {
+    check_buffers(in, out, count);
+    check_bytes(count, dt, 1, "all_reduce");
+    return issue(OpType::kAllReduce, dt, {static_cast<int64_t>(count)}, -1, timeout, true,
+                 [=](OpCtx& c, Topology* t, uint64_t seq) {
+                   return group_all_reduce(c, t, in, out, count, dt, op, seq);
+                 });
+  }
+
+  WorkPtr reduce_scatter(const void* in, void* out, size_t count, DType dt, ReduceOp op, Duration timeout) override {
+    check_buffers(in, out, count);
+    check_bytes(count, dt, static_cast<size_t>(size()), "reduce_scatter");
+    return issue(OpType::kReduceScatter, dt, {static_cast<int64_t>(count) * size(), static_cast<int64_t>(count)}, -1,
+                 timeout, true, [=](OpCtx& c, Topology* t, uint64_t seq) {
+                   return group_reduce_scatter(c, t, in, out, count, dt, op, seq);
+                 });
+  }
+
+  WorkPtr all_gather(const void* in, void* out, size_t count, DType dt, Duration timeout) override {
+    check_buffers(in, out, count);
+    check_bytes(count, dt, static_cast<size_t>(size()), "all_gather");
+    return issue(OpType::kAllGather, dt, {static_cast<int64_t>(count), static_cast<int64_t>(count) * size()}, -1,
+                 timeout, true, [=](OpCtx& c, Topology* t, uint64_t seq) {
+                   return group_all_gather(c, t, in, out, count, dt, seq);
+                 });
+  }
+
+  WorkPtr all_to_all(const void* in, void* out, std::span<const size_t> send_counts,
+                     std::span<const size_t> recv_counts, DType dt, Duration timeout) override {
+    const size_t n = static_cast<size_t>(size());
+    TORUS_CHECK(send_counts.size() == n && recv_counts.size() == n, InvalidArgument,
+                "ofi all_to_all on group '{}': {} send and {} recv counts for {} ranks", info_.name,
+                send_counts.size(), recv_counts.size(), n);
+    std::vector<size_t> sc(send_counts.begin(), send_counts.end()), rc(recv_counts.begin(), recv_counts.end());
+    const size_t me = static_cast<size_t>(rank());
+    TORUS_CHECK(sc[me] == rc[me], InvalidArgument,
+                "ofi all_to_all on group '{}': rank {} sends {} elements to itself but receives {}", info_.name, me,
+                sc[me], rc[me]);
+    size_t sum_s = 0, sum_r = 0;
+    for (size_t i = 0; i < n; ++i) {
+      TORUS_CHECK(!__builtin_add_overflow(sum_s, sc[i], &sum_s) && !__builtin_add_overflow(sum_r, rc[i], &sum_r),
+                  InvalidArgument, "ofi all_to_all on group '{}': the counts overflow", info_.name);
+    }
+    check_bytes(std::max(sum_s, sum_r), dt, 1, "all_to_all");
+    const int64_t total_s = static_cast<int64_t>(sum_s), total_r = static_cast<int64_t>(sum_r);
+    TORUS_CHECK(total_s == 0 || total_r == 0 || in != out, InvalidArgument,
+                "ofi all_to_all on group '{}': in must not alias out", info_.name);
+    check_buffers(in, in, sum_s);
+    check_buffers(out, out, sum_r);
+    return issue(OpType::kAllToAll, dt, {total_s, total_r}, -1, timeout, true,
+                 [=](OpCtx& c, Topology* t, uint64_t seq) {
+                   return group_all_to_all(c, t, in, out, sc, rc, dt, seq);
+                 });
+  }
+
+  WorkPtr broadcast(void* buf, size_t count, DType dt, int root, Duration timeout) override {
+    check_rank(root, "root");
+    check_buffers(buf, buf, count);
+    check_bytes(count, dt, 1, "broadcast");
+    return issue(OpType::kBroadcast, dt, {static_cast<int64_t>(count)}, root, timeout, true,
+                 [=](OpCtx& c, Topology* t, uint64_t seq) {
+                   return group_broadcast(c, t, buf, count, dt, root, seq);
+                 });
+  }
+
+  WorkPtr reduce(const void* in, void* out, size_t count, DType dt, ReduceOp op, int root,
+                 Duration timeout) override {
+    check_rank(root, "root");
+    check_buffers(in, rank() == root ? out : in, count);
+    check_bytes(count, dt, 1, "reduce");
+    return issue(OpType::kReduce, dt, {static_cast<int64_t>(count)}, root, timeout, true,
+                 [=](OpCtx& c, Topology* t, uint64_t seq) {
+                   return group_reduce(c, t, in, out, count, dt, op, root, seq);
+                 });
+  }
+
+  WorkPtr send(const void* buf, size_t count, DType dt, int peer, int tag, Duration timeout) override {
+    check_rank(peer, "peer");
+    check_tag(tag);
+    check_buffers(buf, buf, count);
+    const size_t bytes = check_bytes(count, dt, 1, "send");
+    return issue(OpType::kSend, dt, {static_cast<int64_t>(count)}, peer, timeout, false,
+                 [=](OpCtx& c, Topology* t, uint64_t) { return algo::send(c, &t->p2p, peer, buf, bytes, tag); });
+  }
+
+  WorkPtr recv(void* buf, size_t count, DType dt, int peer, int tag, Duration timeout) override {
+    check_rank(peer, "peer");
+    check_tag(tag);
+    check_buffers(buf, buf, count);
+    const size_t bytes = check_bytes(count, dt, 1, "recv");
+    return issue(OpType::kRecv, dt, {static_cast<int64_t>(count)}, peer, timeout, false,
+                 [=](OpCtx& c, Topology* t, uint64_t) { return algo::recv(c, &t->p2p, peer, buf, bytes, tag); });
+  }
+
+  WorkPtr barrier(Duration timeout) override {
+    return issue(OpType::kBarrier, DType::kU8, {}, -1, timeout, true,
+                 [](OpCtx& c, Topology* t, uint64_t seq) { return group_barrier(c, t, seq); });
+  }
+
+  std::shared_ptr<Backend> split(int color, int key, const std::string& name, Duration timeout) override;
+
+  void abort(const std::string& reason) override {
+    world_->engine->break_group(state_, fmt::format("abort() on world rank {}: {}", world_->rank, reason), false);
+  }
+
+ private:
+  template <typename Make>
+  WorkPtr issue(OpType type, DType dt, std::vector<int64_t> sizes, int peer, Duration timeout, bool collective,
+                Make make) {
+    TORUS_CHECK(timeout.count() > 0, InvalidArgument, "ofi {} on group '{}': timeout must be > 0, got {} ms",
+                op_type_name(type), info_.name, timeout.count());
+    std::lock_guard<std::mutex> lock(issue_mu_);
+    WorkInfo wi;
+    wi.seq = collective ? ++collective_seq_ : ++p2p_seq_;
+    wi.op = type;
+    wi.group = info_.name;
+    wi.rank = info_.rank;
+    wi.group_size = info_.size;
+    wi.dtype = dt;
+    wi.sizes = std::move(sizes);
+    wi.peer = peer;
+    const uint64_t seq = wi.seq;
+    auto body = [topo = topo_, make = std::move(make), seq](OpCtx& c) { return make(c, topo.get(), seq); };
+    auto op = std::make_unique<OpWith<decltype(body)>>(std::move(body));
+    op->work = std::allocate_shared<OfiWork>(CachedAllocator<OfiWork>(), std::move(wi), world_->engine);
+    op->group = state_;
+    op->collective = collective;
+    op->issued = Clock::now();
+    op->deadline = op->issued + timeout;
+    WorkPtr work = op->work;
+    world_->engine->submit(std::move(op));
+    return work;
+  }
+
+  void check_rank(int r, const char* what) const {
+    TORUS_CHECK(r >= 0 && r < size(), InvalidArgument, "ofi: {} {} is not a rank of group '{}' (size {})", what, r,
+                info_.name, size());
+  }
+  void check_tag(int tag) const {
+    TORUS_CHECK(tag >= 0, InvalidArgument, "ofi: tag must be >= 0, got {}", tag);
+  }
+  // Bytes of count * blocks elements; InvalidArgument when it overflows.
+  size_t check_bytes(size_t count, DType dt, size_t blocks, const char* op) const {
+    size_t elems = 0, bytes = 0;
+    TORUS_CHECK(!__builtin_mul_overflow(count, blocks, &elems) &&
+                    !__builtin_mul_overflow(elems, dtype_size(dt), &bytes) && bytes <= SIZE_MAX / 2,
+                InvalidArgument, "ofi {} on group '{}': {} x {} elements of {} overflow a buffer size", op,
+                info_.name, blocks, count, dtype_name(dt));
+    return bytes;
+  }
+  void check_buffers(const void* a, const void* b, size_t count) const {
+    TORUS_CHECK(count == 0 || (a != nullptr && b != nullptr), InvalidArgument,
+                "ofi: null buffer for {} elements on group '{}'", count, info_.name);
+  }
+
+  std::shared_ptr<World> world_;
+  GroupInfo info_;
+  uint32_t context_;
+  std::shared_ptr<Topology> topo_;
+  std::shared_ptr<GroupState> state_;
+  std::mutex issue_mu_;
+  uint64_t collective_seq_ = 0;
+  uint64_t p2p_seq_ = 0;
+  int splits_ = 0;
+};
+
+std::string encode_ints(std::initializer_list<int64_t> v) { return fmt::format("{}", fmt::join(v, ",")); }
+
+std::vector<int64_t> decode_ints(const std::string& s) {
+  std::vector<int64_t> out;
+  size_t pos = 0;
+  while (pos <= s.size()) {
+    size_t comma = s.find(',', pos);
+    if (comma == std::string::npos) comma = s.size();
+    out.push_back(std::stoll(s.substr(pos, comma - pos)));
+    pos = comma + 1;
+  }
+  return out;
+}
+
+std::shared_ptr<Backend> OfiBackend::split(int color, int key, const std::string& name, Duration timeout) {
+  TORUS_CHECK(timeout.count() > 0, InvalidArgument, "ofi split: timeout must be > 0");
+  int index;
+  {
+    std::lock_guard<std::mutex> lock(issue_mu_);
+    index = splits_++;
+  }
+  Store& store = *world_->store;
+  const std::string prefix = fmt::format("split/{}/{}", context_, index);
+  store.set_string(fmt::format("{}/{}", prefix, rank()), encode_ints({color, key}));
+  if (color < 0) return nullptr;
+  std::vector<std::pair<int64_t, int>> members;  // (key, parent rank)
+  for (int r = 0; r < size(); ++r) {
+    auto v = decode_ints(store.get_string(fmt::format("{}/{}", prefix, r), timeout));
+    TORUS_CHECK(v.size() == 2, CommError, "ofi split: malformed entry of rank {}", r);
+    if (v[0] == color) members.emplace_back(v[1], r);
+  }
+  std::sort(members.begin(), members.end());
+  GroupInfo gi;
+  gi.name = name;
+  gi.size = static_cast<int>(members.size());
+  for (size_t i = 0; i < members.size(); ++i) {
+    if (members[i].second == rank()) gi.rank = static_cast<int>(i);
+    gi.global_ranks.push_back(info_.global_ranks[static_cast<size_t>(members[i].second)]);
+  }
+  const std::string ctx_key = fmt::format("{}/color{}/context", prefix, color);
+  uint32_t context;
+  if (gi.rank == 0) {
+    int64_t id = store.add("contexts", 1);
+    TORUS_CHECK(id > 0 && id < static_cast<int64_t>(kMaxContexts), CommError,
+                "ofi split: out of tag contexts ({} groups made, at most {})", id, kMaxContexts - 1);
+    context = static_cast<uint32_t>(id);
+    store.set_string(ctx_key, std::to_string(context));
+  } else {
+    context = static_cast<uint32_t>(std::stoul(store.get_string(ctx_key, timeout)));
+  }
+  return std::make_shared<OfiBackend>(world_, std::move(gi), context);
+}
+
+}  // namespace
+
+std::shared_ptr<Topology> make_topology(const World& w, uint32_t context, const std::vector<int>& members,
+                                        int my_rank) {
+  auto t = std::make_shared<Topology>();
+  const int n = static_cast<int>(members.size());
+  t->rank = my_rank;
+  t->size = n;
+  t->tuning = w.tuning;
+  t->eager_bytes = w.options.shm_eager_bytes;
+  auto view = [&](TagKind kind, const std::vector<int>& group_ranks, int me) {
+    PeerView v;
+    v.base = tag_base(context, kind);
+    v.rank = me;
+    for (int g : group_ranks) {
+      int world = members[static_cast<size_t>(g)];
+      v.addr.push_back(w.addr[static_cast<size_t>(world)]);
+      v.world.push_back(world);
+    }
+    return v;
+  };
+  std::vector<int> all(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) all[static_cast<size_t>(i)] = i;
+  t->full = view(TagKind::kCollective, all, my_rank);
+  t->p2p = view(TagKind::kP2P, all, my_rank);
+
+  std::vector<int> host_ids;  // world host index of each of our hosts
+  for (int g = 0; g < n; ++g) {
+    int hid = w.host_of[static_cast<size_t>(members[static_cast<size_t>(g)])];
+    auto it = std::find(host_ids.begin(), host_ids.end(), hid);
+    int h = static_cast<int>(it - host_ids.begin());
+    if (it == host_ids.end()) {
+      host_ids.push_back(hid);
+      t->hosts.emplace_back();
+    }
+    t->hosts[static_cast<size_t>(h)].push_back(g);
+    t->host_of.push_back(h);
+  }
+  t->my_host = t->host_of[static_cast<size_t>(my_rank)];
+  const auto& mine = t->hosts[static_cast<size_t>(t->my_host)];
+  t->local_size = static_cast<int>(mine.size());
+  t->local_rank = static_cast<int>(std::find(mine.begin(), mine.end(), my_rank) - mine.begin());
+  size_t max_local = 0;
+  t->uniform = true;
+  for (const auto& h : t->hosts) {
+    max_local = std::max(max_local, h.size());
+    if (h.size() != mine.size()) t->uniform = false;
+  }
+  t->segment_on = w.options.host_shm && max_local >= 2;
+
+  std::vector<int> firsts;
+  for (const auto& h : t->hosts) firsts.push_back(h.front());
+  t->leaders = view(TagKind::kLeaders, firsts, t->local_rank == 0 ? t->my_host : -1);
+  if (t->uniform) {
+    std::vector<int> same_index;
+    for (const auto& h : t->hosts) same_index.push_back(h[static_cast<size_t>(t->local_rank)]);
+    t->cross = view(TagKind::kCross, same_index, t->my_host);
+  }
+
+  if (t->segment_on && t->local_size >= 2) {
+    HostSegment::Config cfg;
+    int hid = host_ids[static_cast<size_t>(t->my_host)];
+    cfg.name = fmt::format("/torus-ofi-{}-c{}-h{}", w.nonce, context, hid);
+    cfg.store_key = fmt::format("segment/{}/{}", context, hid);
+    cfg.local_rank = t->local_rank;
+    cfg.local_size = t->local_size;
+    cfg.world_rank = w.rank;
+    cfg.stripe_bytes = w.options.shm_chunk_bytes;
+    cfg.depth = w.options.shm_depth;
+    cfg.timeout = w.timeout;
+    t->segment = std::make_unique<HostSegment>(cfg, *w.store);
+    t->host.seg = t->segment.get();
+  }
+  return t;
+}
+
+BackendPtr create_world_backend(const BackendInit& init, const OfiOptions& given) {
+  TORUS_CHECK(init.launch != nullptr && init.hosts != nullptr && init.store != nullptr, InvalidArgument,
+              "ofi backend needs launch info, a host map and a store");
+  const LaunchInfo& launch = *init.launch;
+  const HostMap& hosts = *init.hosts;
+  const int rank = launch.rank, size = launch.world_size;
+  TORUS_CHECK(static_cast<int>(hosts.host_of_rank.size()) == size, InvalidArgument,
+              "ofi backend: host map has {} ranks, world has {}", hosts.host_of_rank.size(), size);
+  TORUS_CHECK(size <= kMaxGroupSize, Unsupported, "ofi backend: {} ranks; at most {} are supported", size,
+              kMaxGroupSize);
+
+  auto world = std::make_shared<World>();
+  world->options = given;
+  world->rank = rank;
+  world->size = size;
+  world->host_of = hosts.host_of_rank;
+  world->timeout = init.timeout.count() > 0 ? init.timeout : env_params().timeout;
+  world->tuning = {given.rd_max_bytes, given.tree_max_bytes, given.chunk_bytes, given.window};
+
+  FabricOptions fo;
+  fo.provider = given.provider;
+  if (fo.provider.empty() && hosts.num_hosts() <= 1) fo.provider = "shm";
+  if (hosts.num_hosts() > 1) fo.avoid.emplace_back("shm");
+  fo.register_local = given.register_local;
+  auto fabric = std::make_unique<Fabric>(fo);
+  if (rank == 0) {
+    TORUS_LOG_INFO("ofi: {}; {} ranks on {} hosts; host segment {}; reductions {}", fabric->describe(), size,
+                   hosts.num_hosts(), given.host_shm ? "on" : "off", kernels::reduce_isa());
+  } else {
+    TORUS_LOG_DEBUG("ofi: {}", fabric->describe());
+  }
+
+  // Every world made by this process gets its own key space in the store.
+  static std::atomic<int> worlds{0};
+  world->store = std::make_shared<PrefixStore>(fmt::format("ofi/w{}", worlds.fetch_add(1)), init.store);
+  Store& store = *world->store;
+  if (rank == 0) {
+    std::random_device rd;
+    store.set_string("nonce", fmt::format("{:08x}{:08x}{:08x}", rd(), rd(), ::getpid()));
+  }
+  std::vector<uint8_t> blob(sizeof(int32_t) + fabric->address_length());
+  int32_t pid = ::getpid();
+  std::memcpy(blob.data(), &pid, sizeof(pid));
+  std::memcpy(blob.data() + sizeof(pid), fabric->address().data(), fabric->address_length());
+  store.set(fmt::format("addr/{}", rank), blob);
+  world->nonce = store.get_string("nonce", world->timeout);
+
+  std::vector<uint8_t> packed;
+  std::vector<pid_t> local_pids(static_cast<size_t>(size), 0);
+  for (int r = 0; r < size; ++r) {
+    std::vector<uint8_t> b = store.get(fmt::format("addr/{}", r), world->timeout);
+    TORUS_CHECK(b.size() == blob.size(), CommError,
+                "ofi: rank {} published a {}-byte address, this rank's is {} bytes: ranks use different providers "
+                "(set FI_PROVIDER or TORUS_OFI_PROVIDER the same on every rank)",
+                r, b.size() - std::min(b.size(), sizeof(int32_t)), fabric->address_length());
+    int32_t p;
+    std::memcpy(&p, b.data(), sizeof(p));
+    if (hosts.host_of_rank[static_cast<size_t>(r)] == hosts.host_of_rank[static_cast<size_t>(rank)]) {
+      local_pids[static_cast<size_t>(r)] = p;
+    }
+    packed.insert(packed.end(), b.begin() + sizeof(int32_t), b.end());
+  }
+  world->addr = fabric->insert_addresses(packed, static_cast<size_t>(size));
+  world->engine = std::make_shared<Engine>(std::move(fabric), rank, std::move(local_pids));
+
+  GroupInfo gi;
+  gi.name = "world";
+  gi.rank = rank;
+  gi.size = size;
+  for (int r = 0; r < size; ++r) gi.global_ranks.push_back(r);
+  return std::make_shared<OfiBackend>(world, std::move(gi), 0);
+}
+
+}  // namespace torus::comm::ofi
+
+namespace torus::comm {
+
+BackendPtr create_ofi_world_backend(const BackendInit& init) {
+  return ofi::create_world_backend(init, ofi::OfiOptions::from_env());
+}
+
+}  // namespace torus::comm

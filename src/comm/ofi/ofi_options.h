@@ -1,0 +1,42 @@
+// Private: the tunables of the ofi backend, one value type, read from the
+// environment in exactly one place (ofi_options.cpp). docs/ofi.md lists them.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+namespace torus::comm::ofi {
+
+struct OfiOptions {
+  // libfabric provider name ("shm", "tcp", "efa", "tcp;ofi_rxm"...). Empty:
+  // "shm" when every rank is on one host, else the first RDM provider
+  // libfabric offers. From TORUS_OFI_PROVIDER, else FI_PROVIDER.
+  std::string provider;
+
+  // Collectives among the ranks of one host go through Torus's own shared-
+  // memory segment (host_collectives.h) instead of the provider.
+  bool host_shm = true;                        // TORUS_OFI_HOST_SHM
+  // Bytes of one pipeline stripe per rank in the host segment; the segment
+  // holds shm_depth rounds of (local ranks + 1) stripes per rank.
+  size_t shm_chunk_bytes = size_t{64} << 10;   // TORUS_OFI_SHM_CHUNK_BYTES
+  int shm_depth = 4;                           // TORUS_OFI_SHM_DEPTH
+  // all_reduce up to this size on the host segment: every rank reduces the
+  // whole message (one round, lowest latency); above: pipelined
+  // reduce-scatter + all-gather through the segment.
+  size_t shm_eager_bytes = size_t{16} << 10;   // TORUS_OFI_SHM_EAGER_BYTES
+
+  // Algorithms over the provider.
+  size_t rd_max_bytes = size_t{32} << 10;      // TORUS_OFI_RD_MAX_BYTES: all_reduce <= this: recursive doubling, above: ring
+  size_t tree_max_bytes = size_t{256} << 10;   // TORUS_OFI_TREE_MAX_BYTES: broadcast/reduce <= this: binomial tree
+  size_t chunk_bytes = size_t{512} << 10;      // TORUS_OFI_CHUNK_BYTES: pipeline chunk of ring/chain algorithms
+  int window = 4;                              // TORUS_OFI_WINDOW: chunks in flight per peer and step
+
+  // Register local buffers even when the provider's mr_mode does not ask for
+  // it (exercises the FI_MR_LOCAL path on providers that do not need it).
+  bool register_local = false;                 // TORUS_OFI_REGISTER_LOCAL
+
+  // Reads the variables above; throws InvalidArgument naming a bad one.
+  static OfiOptions from_env();
+};
+
+}  // namespace torus::comm::ofi
