@@ -13,7 +13,8 @@ if(TORUS_WITH_OFI)
   add_executable(torus_ofi_tests
     ${CMAKE_CURRENT_LIST_DIR}/fabric_test.cpp
     ${CMAKE_CURRENT_LIST_DIR}/ofi_backend_test.cpp
-    ${CMAKE_CURRENT_LIST_DIR}/ofi_fault_test.cpp)
+    ${CMAKE_CURRENT_LIST_DIR}/ofi_fault_test.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/ofi_segment_test.cpp)
   target_link_libraries(torus_ofi_tests PRIVATE torus_test_main torus_base)
   torus_add_test(NAME ofi_unit TARGET torus_ofi_tests LABELS ofi TIMEOUT 300)
 
@@ -48,7 +49,3 @@ if(TORUS_WITH_OFI)
                        TIMEOUT 300)
   endif()
 endif()
-# TEMPORARY
-add_executable(torus_ofi_perf ${CMAKE_CURRENT_LIST_DIR}/perf_probe.cpp)
-target_link_libraries(torus_ofi_perf PRIVATE torus_base GTest::gtest)
-target_include_directories(torus_ofi_perf PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR} ${CMAKE_CURRENT_LIST_DIR})

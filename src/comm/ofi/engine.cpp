@@ -223,6 +223,7 @@ bool Engine::drive_until(const OfiWork& work, Clock::time_point until) {
     if (!progressed) backoff(idle);
   }
   if (waiters_.fetch_sub(1, std::memory_order_acq_rel) == 1 && outstanding_.load(std::memory_order_relaxed) > 0) {
+    std::lock_guard<std::mutex> lock(state_mu_);  // no lost wake-up against the engine thread's check
     cv_.notify_one();  // hand driving back to the engine thread
   }
   return ok;
@@ -246,7 +247,14 @@ void Engine::thread_main() {
         last_active = Clock::now();
         continue;
       }
-      if (!work || waiters_.load(std::memory_order_acquire) > 0) {
+      if (waiters_.load(std::memory_order_acquire) > 0) {
+        // A waiter drives; the last one to leave wakes this thread if ops
+        // remain (drive_until), else it looks again within a millisecond.
+        cv_.wait_for(lock, std::chrono::milliseconds(1));
+        idle = 0;
+        continue;
+      }
+      if (!work) {
         cv_.wait_for(lock, options_.standby_poll);
         idle = 0;
         if (!has_incoming_.load(std::memory_order_acquire)) continue;

@@ -18,17 +18,19 @@ namespace {
 // The API version we code to; the CMake minimum of libfabric is 1.14.
 constexpr uint32_t kApiVersion = FI_VERSION(1, 14);
 
-// The mr_mode bits this code knows how to honour.
-constexpr int kSupportedMrMode =
-    FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
+// The mr_mode bits this code knows how to honour. FI_MR_LOCAL is offered
+// only if no provider matches without it: a provider that can move host
+// memory without local descriptors (EFA's RDM endpoint does) then keeps its
+// own registration cache instead of one registration per op here.
+constexpr int kSupportedMrMode = FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
 
-InfoPtr make_hints(const FabricOptions& o, bool rma) {
+InfoPtr make_hints(const FabricOptions& o, bool rma, bool mr_local) {
   InfoPtr hints(fi_allocinfo());
   TORUS_CHECK(hints != nullptr, CommError, "fi_allocinfo failed");
   hints->caps = FI_TAGGED | FI_MSG | (rma ? FI_RMA : 0);
   hints->mode = FI_CONTEXT | FI_CONTEXT2;
   hints->ep_attr->type = FI_EP_RDM;
-  hints->domain_attr->mr_mode = kSupportedMrMode;
+  hints->domain_attr->mr_mode = kSupportedMrMode | (mr_local ? FI_MR_LOCAL : 0);
   hints->domain_attr->threading = FI_THREAD_DOMAIN;
   hints->domain_attr->data_progress = FI_PROGRESS_MANUAL;
   hints->domain_attr->control_progress = FI_PROGRESS_UNSPEC;
@@ -67,8 +69,11 @@ Fabric::Fabric(const FabricOptions& options) {
   fi_info* list = nullptr;
   int rc = -FI_ENODATA;
   for (bool rma : {options.want_rma, false}) {
-    InfoPtr hints = make_hints(options, rma);
-    rc = fi_getinfo(kApiVersion, nullptr, nullptr, 0, hints.get(), &list);
+    for (bool mr_local : {false, true}) {
+      InfoPtr hints = make_hints(options, rma, mr_local);
+      rc = fi_getinfo(kApiVersion, nullptr, nullptr, 0, hints.get(), &list);
+      if (rc == 0) break;
+    }
     if (rc == 0 || !rma) break;
   }
   std::string asked = options.provider.empty() ? std::string("(any)") : options.provider;

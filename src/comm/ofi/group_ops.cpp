@@ -173,6 +173,10 @@ Task group_reduce(OpCtx& c, Topology* t, const void* in, void* out, size_t count
 
 Task group_all_to_all(OpCtx& c, Topology* t, const void* in, void* out, std::vector<size_t> send_counts,
                       std::vector<size_t> recv_counts, DType dt, uint64_t seq) {
+  if (local_only(t)) {
+    co_await host_all_to_all(c, &t->host, in, out, std::move(send_counts), std::move(recv_counts), dtype_size(dt));
+    co_return;
+  }
   co_await algo::all_to_all(c, &t->full, in, out, std::move(send_counts), std::move(recv_counts), dtype_size(dt),
                             seq, t->tuning);
 }

@@ -37,32 +37,39 @@ void signal(HostGroup* h, Counter k, uint64_t round) {
   counter(*h->seg, h->local_rank(), k).store(round, std::memory_order_release);
 }
 
+// Throws when the segment is aborted or (checked at most every 50 ms) a
+// member process has died.
+void check_health(OpCtx& c, HostGroup* h, unsigned& spins) {
+  const HostSegment& s = *h->seg;
+  if (s.is_aborted()) {
+    throw CommError(fmt::format("{} failed: the group was aborted by {}", c.info().describe(), s.aborted()));
+  }
+  if ((++spins & 255) != 0) return;
+  auto now = Clock::now();
+  if (now < h->next_liveness_check) return;
+  h->next_liveness_check = now + std::chrono::milliseconds(50);
+  int dead = s.find_dead_member();
+  if (dead >= 0) {
+    throw CommError(fmt::format("{} failed: peer world rank {} on this host exited (its process is gone)",
+                                c.info().describe(), dead));
+  }
+}
+
 // Suspends until counter k of every other local rank (or of `only`) reaches
-// `target`. Throws when the segment is aborted or a member died.
+// `target`. Values already seen satisfy it without touching the peer's line.
 auto wait_for(OpCtx& c, HostGroup* h, Counter k, uint64_t target, int only = -1) {
   auto ready = [&c, h, k, target, only, spins = 0u]() mutable {
     const HostSegment& s = *h->seg;
+    std::vector<uint64_t>& seen = h->seen[static_cast<int>(k)];
     bool ok = true;
     for (int q = 0; q < s.local_size() && ok; ++q) {
       if (q == s.local_rank() || (only >= 0 && q != only)) continue;
-      ok = counter(s, q, k).load(std::memory_order_acquire) >= target;
+      uint64_t& v = seen[static_cast<size_t>(q)];
+      if (v < target) v = counter(s, q, k).load(std::memory_order_acquire);
+      ok = v >= target;
     }
-    if (ok) return true;
-    if (s.is_aborted()) {
-      throw CommError(fmt::format("{} failed: the group was aborted by {}", c.info().describe(), s.aborted()));
-    }
-    if ((++spins & 255) == 0) {
-      auto now = Clock::now();
-      if (now >= h->next_liveness_check) {
-        h->next_liveness_check = now + std::chrono::milliseconds(50);
-        int dead = s.find_dead_member();
-        if (dead >= 0) {
-          throw CommError(fmt::format("{} failed: peer world rank {} on this host exited (its process is gone)",
-                                      c.info().describe(), dead));
-        }
-      }
-    }
-    return false;
+    if (!ok) check_health(c, h, spins);
+    return ok;
   };
   auto describe = [h, k, target, only] {
     const HostSegment& s = *h->seg;
@@ -72,6 +79,33 @@ auto wait_for(OpCtx& c, HostGroup* h, Counter k, uint64_t target, int only = -1)
       uint64_t v = counter(s, q, k).load(std::memory_order_acquire);
       if (v < target) lag.push_back(fmt::format("world rank {} ({} {} < {})", s.control(q).world_rank,
                                                 counter_name(k), v, target));
+    }
+    return fmt::format("same-host peers in shared memory: {}", fmt::join(lag, ", "));
+  };
+  return c.until(std::move(ready), std::move(describe));
+}
+
+// Suspends until every other local rank's mailbox of `round` is filled.
+auto wait_mailboxes(OpCtx& c, HostGroup* h, uint64_t round) {
+  auto ready = [&c, h, round, spins = 0u]() mutable {
+    const HostSegment& s = *h->seg;
+    for (int q = 0; q < s.local_size(); ++q) {
+      if (q == s.local_rank()) continue;
+      if (s.control(q).mailbox[round % 2].round.load(std::memory_order_acquire) < round) {
+        check_health(c, h, spins);
+        return false;
+      }
+    }
+    return true;
+  };
+  auto describe = [h, round] {
+    const HostSegment& s = *h->seg;
+    std::vector<std::string> lag;
+    for (int q = 0; q < s.local_size(); ++q) {
+      uint64_t v = s.control(q).mailbox[round % 2].round.load(std::memory_order_acquire);
+      if (q != s.local_rank() && v < round) {
+        lag.push_back(fmt::format("world rank {} (mailbox round {} < {})", s.control(q).world_rank, v, round));
+      }
     }
     return fmt::format("same-host peers in shared memory: {}", fmt::join(lag, ", "));
   };
@@ -189,6 +223,20 @@ Task host_all_reduce(OpCtx& c, HostGroup* h, const void* in_v, void* out_v, size
   const size_t e = dtype_size(t), bytes = count * e;
   const char* in = static_cast<const char*>(in_v);
   char* out = static_cast<char*>(out_v);
+  if (bytes <= SegmentMailbox::kBytes) {
+    const uint64_t r = ++h->round;
+    co_await wait_slots_free(c, h, r);  // D >= 2: this parity's mailboxes are free
+    SegmentMailbox& mine = s.control(me).mailbox[r % 2];
+    std::memcpy(mine.data, in, bytes);
+    mine.round.store(r, std::memory_order_release);
+    co_await wait_mailboxes(c, h, r);
+    std::vector<const char*> srcs;
+    for (int q = 0; q < L; ++q) srcs.push_back(s.control(q).mailbox[r % 2].data);  // rank order
+    float acc[SegmentMailbox::kBytes / 2];
+    combine(out, srcs, count, t, op, divisor, acc);
+    signal(h, Counter::kConsumed, r);
+    co_return;
+  }
   if (bytes <= std::min(eager_bytes, static_cast<size_t>(L) * s.stripe_bytes())) {
     const uint64_t r = ++h->round;
     co_await wait_slots_free(c, h, r);
@@ -281,6 +329,78 @@ Task host_broadcast(OpCtx& c, HostGroup* h, void* buf_v, size_t bytes, int root)
       std::memcpy(buf + t * S, s.in_slot(root, r), n);
     }
     signal(h, Counter::kConsumed, r);
+  }
+}
+
+Task host_all_to_all(OpCtx& c, HostGroup* h, const void* in_v, void* out_v, std::vector<size_t> send_counts,
+                     std::vector<size_t> recv_counts, size_t elt) {
+  const HostSegment& s = *h->seg;
+  const int L = s.local_size(), me = s.local_rank();
+  const size_t stripe = s.stripe_bytes(), um = static_cast<size_t>(me);
+  const char* in = static_cast<const char*>(in_v);
+  char* out = static_cast<char*>(out_v);
+  std::vector<size_t> sdispl(static_cast<size_t>(L), 0), rdispl(static_cast<size_t>(L), 0);
+  size_t largest = 0, total = 0;
+  for (size_t q = 0; q < static_cast<size_t>(L); ++q) {
+    if (q > 0) {
+      sdispl[q] = sdispl[q - 1] + send_counts[q - 1] * elt;
+      rdispl[q] = rdispl[q - 1] + recv_counts[q - 1] * elt;
+    }
+    if (q != um) largest = std::max({largest, send_counts[q] * elt, recv_counts[q] * elt});
+    total += recv_counts[q] * elt;
+  }
+  // Only the pairs know their block sizes: agree on the number of rounds
+  // through the mailboxes first.
+  uint64_t most = largest;
+  {
+    const uint64_t r = ++h->round;
+    co_await wait_slots_free(c, h, r);
+    SegmentMailbox& mine = s.control(me).mailbox[r % 2];
+    std::memcpy(mine.data, &most, sizeof(most));
+    mine.round.store(r, std::memory_order_release);
+    co_await wait_mailboxes(c, h, r);
+    for (int q = 0; q < L; ++q) {
+      uint64_t v;
+      std::memcpy(&v, s.control(q).mailbox[r % 2].data, sizeof(v));
+      most = std::max(most, v);
+    }
+    signal(h, Counter::kConsumed, r);
+  }
+  copy_bytes(out + rdispl[um], in + sdispl[um], send_counts[um] * elt);
+  const size_t rounds = algo::chunks_of(most, stripe);
+  const bool nt = total >= h->nt_bytes;
+  auto copy_in = [&](size_t t, uint64_t r) {
+    char* slot = s.in_slot(me, r);
+    for (size_t q = 0; q < static_cast<size_t>(L); ++q) {
+      size_t n = algo::chunk_len(send_counts[q] * elt, stripe, t);
+      if (q != um && n > 0) std::memcpy(slot + q * stripe, in + sdispl[q] + t * stripe, n);
+    }
+    signal(h, Counter::kCopied, r);
+  };
+  const uint64_t base = h->round;
+  h->round += rounds;
+  if (rounds > 0) {
+    co_await wait_slots_free(c, h, base + 1);
+    copy_in(0, base + 1);
+  }
+  for (size_t t = 0; t < rounds; ++t) {
+    const uint64_t r = base + t + 1;
+    co_await wait_for(c, h, Counter::kCopied, r);
+    for (size_t q = 0; q < static_cast<size_t>(L); ++q) {
+      size_t n = algo::chunk_len(recv_counts[q] * elt, stripe, t);
+      if (q == um || n == 0) continue;
+      const char* from = s.in_slot(static_cast<int>(q), r) + um * stripe;
+      if (nt) {
+        stream_copy(out + rdispl[q] + t * stripe, from, n);
+      } else {
+        std::memcpy(out + rdispl[q] + t * stripe, from, n);
+      }
+    }
+    signal(h, Counter::kConsumed, r);
+    if (t + 1 < rounds) {
+      co_await wait_slots_free(c, h, r + 1);
+      copy_in(t + 1, r + 1);
+    }
   }
 }
 

@@ -8,11 +8,14 @@
 // per rank stays close to reading its input and writing its output once.
 //
 //  * all_reduce <= eager bytes: one round; every rank reduces all slots in
-//    rank order (identical bits everywhere).
+//    rank order (identical bits everywhere); up to 56 bytes travel in the
+//    peers' mailbox lines, one cache-line transfer per peer.
 //  * all_reduce above: a pipelined reduce-scatter + all-gather. Local rank i
 //    owns block i; per round it reduces one stripe of its block from every
 //    rank's in-slot and publishes the result, which all others copy out.
 //  * reduce_scatter, all_gather, reduce: the same pipeline with one half.
+//  * all_to_all: every rank stages its block for each peer in its in-slot;
+//    the peer copies it out.
 //  * broadcast: the root streams stripes through its in-slot.
 //  * barrier: one round of counters.
 //
@@ -37,6 +40,9 @@ namespace torus::comm::ofi {
 struct HostGroup {
   HostSegment* seg = nullptr;
   uint64_t round = 0;  // the last round this rank started
+  // The peers' counters as last read (they only grow): a wait already
+  // satisfied by them needs no cache-line transfer. [kind][local rank]
+  std::vector<uint64_t> seen[3];
   size_t nt_bytes = size_t{4} << 20;  // ops this large write results with non-temporal stores
   Clock::time_point next_liveness_check{};
   int local_rank() const { return seg->local_rank(); }
@@ -76,6 +82,10 @@ Task host_all_gather(OpCtx& c, HostGroup* h, const void* in, void* out, size_t c
 Task host_reduce(OpCtx& c, HostGroup* h, const void* in, void* out, size_t count, DType t, ReduceOp op,
                  int64_t divisor, int root);
 Task host_broadcast(OpCtx& c, HostGroup* h, void* buf, size_t bytes, int root);
+// Equal or uneven blocks (counts in elements of `elt` bytes, packed in rank
+// order); one mailbox round agrees on the number of pipeline rounds.
+Task host_all_to_all(OpCtx& c, HostGroup* h, const void* in, void* out, std::vector<size_t> send_counts,
+                     std::vector<size_t> recv_counts, size_t elt);
 Task host_barrier(OpCtx& c, HostGroup* h);
 
 }  // namespace torus::comm::ofi

@@ -82,6 +82,18 @@ HostSegment::HostSegment(const Config& cfg, Store& store)
                                 detail::errno_string(err)));
   }
   base_ = static_cast<char*>(p);
+  // Unmaps (and, on local rank 0, unlinks) unless the constructor succeeds.
+  struct Guard {
+    HostSegment* self;
+    const std::string* name;
+    bool leader;
+    ~Guard() {
+      if (self == nullptr) return;
+      if (leader) ::shm_unlink(name->c_str());
+      ::munmap(self->base_, self->map_bytes_);
+      self->base_ = nullptr;
+    }
+  } guard{this, &cfg.name, local_rank_ == 0};
   Header* h = header();
   if (local_rank_ == 0) {
     new (h) Header{};
@@ -105,15 +117,15 @@ HostSegment::HostSegment(const Config& cfg, Store& store)
     auto deadline = std::chrono::steady_clock::now() + cfg.timeout;
     while (h->attached.load(std::memory_order_acquire) < L) {
       if (std::chrono::steady_clock::now() > deadline) {
-        ::shm_unlink(cfg.name.c_str());
-        ::munmap(base_, map_bytes_);
+        uint32_t attached = h->attached.load();
         throw TimeoutError(fmt::format("host segment {}: only {} of {} local ranks attached within {} ms", cfg.name,
-                                       h->attached.load(), L, cfg.timeout.count()));
+                                       attached, L, cfg.timeout.count()));
       }
       std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
     ::shm_unlink(cfg.name.c_str());
   }
+  guard.self = nullptr;
   TORUS_LOG_DEBUG("ofi: host segment {} ready: {} local ranks, {} KiB stripes, depth {}, {} MiB", cfg.name,
                   local_size_, stripe_ >> 10, depth_, map_bytes_ >> 20);
 }

@@ -11,9 +11,10 @@
 // Control holds three round counters (monotonic over the life of the group,
 // each on its own cache line): `copied` (my in-slot of that round is full),
 // `reduced` (my out-slot is full), `consumed` (I am done reading everybody's
-// slots of that round). A rank reuses its slots of round r for round r + D
-// only once every peer has consumed round r (Note [Segment rounds] in
-// host_collectives.cpp).
+// slots of that round), and two mailboxes (data of up to 56 bytes with its
+// round number in one line). A rank reuses its slots of round r for round
+// r + D (D >= 2, so mailboxes too) only once every peer has consumed round r
+// (Note [Segment rounds] in host_collectives.cpp).
 //
 // Rendezvous (constructor, collective over the local members): local rank 0
 // creates the object under a name unique to the job and group, exclusively,
@@ -45,10 +46,19 @@ struct alignas(64) SegmentCounter {
 };
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "the segment needs lock-free 64-bit atomics");
 
+// A message of a few bytes and the round it belongs to in one cache line:
+// a reader gets both with a single transfer (tiny all_reduces).
+struct alignas(64) SegmentMailbox {
+  static constexpr size_t kBytes = 56;
+  std::atomic<uint64_t> round{0};
+  char data[kBytes];
+};
+
 struct SegmentControl {
   SegmentCounter copied;
   SegmentCounter reduced;
   SegmentCounter consumed;
+  SegmentMailbox mailbox[2];  // by round parity
   alignas(64) int32_t pid = 0;
   int32_t world_rank = -1;
 };

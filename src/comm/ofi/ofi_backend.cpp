@@ -332,11 +332,12 @@ std::shared_ptr<Topology> make_topology(const World& w, uint32_t context, const 
     cfg.local_rank = t->local_rank;
     cfg.local_size = t->local_size;
     cfg.world_rank = w.rank;
-    cfg.stripe_bytes = w.options.shm_chunk_bytes;
-    cfg.depth = w.options.shm_depth;
+    cfg.stripe_bytes = w.options.stripe_bytes(t->local_size);
+    cfg.depth = std::max(2, w.options.shm_depth);  // mailboxes alternate by round parity
     cfg.timeout = w.timeout;
     t->segment = std::make_unique<HostSegment>(cfg, *w.store);
     t->host.seg = t->segment.get();
+    for (auto& seen : t->host.seen) seen.assign(static_cast<size_t>(t->local_size), 0);
   }
   return t;
 }

@@ -5,7 +5,7 @@
 // ordered by their first group rank). The group uses its host segment when
 // TORUS_OFI_HOST_SHM is on (default) and some host holds two or more of its
 // ranks:
-//  * one host: every collective except all_to_all runs on the segment;
+//  * one host: every collective runs on the segment;
 //  * several hosts (hierarchical): all_reduce is a segment reduce-scatter,
 //    an all_reduce over the provider among the ranks with the same local
 //    index (every host has the same number of ranks, large messages) or

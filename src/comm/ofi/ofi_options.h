@@ -17,8 +17,11 @@ struct OfiOptions {
   // memory segment (host_collectives.h) instead of the provider.
   bool host_shm = true;                        // TORUS_OFI_HOST_SHM
   // Bytes of one pipeline stripe per rank in the host segment; the segment
-  // holds shm_depth rounds of (local ranks + 1) stripes per rank.
-  size_t shm_chunk_bytes = size_t{64} << 10;   // TORUS_OFI_SHM_CHUNK_BYTES
+  // holds shm_depth rounds of (local ranks + 1) stripes per rank. 0: the
+  // largest power of two that keeps a rank's staging within
+  // shm_stage_bytes (so that all of it stays in the shared cache).
+  size_t shm_chunk_bytes = 0;                  // TORUS_OFI_SHM_CHUNK_BYTES
+  size_t shm_stage_bytes = size_t{2} << 20;    // TORUS_OFI_SHM_STAGE_BYTES
   int shm_depth = 4;                           // TORUS_OFI_SHM_DEPTH
   // all_reduce up to this size on the host segment: every rank reduces the
   // whole message (one round, lowest latency); above: pipelined
@@ -37,6 +40,9 @@ struct OfiOptions {
 
   // Reads the variables above; throws InvalidArgument naming a bad one.
   static OfiOptions from_env();
+
+  // The stripe for a segment of `local_size` ranks (see shm_chunk_bytes).
+  size_t stripe_bytes(int local_size) const;
 };
 
 }  // namespace torus::comm::ofi
