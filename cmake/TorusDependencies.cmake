@@ -73,6 +73,8 @@ if(TORUS_WITH_NCCL)
 endif()
 
 if(TORUS_BUILD_PYTHON)
+  # The interpreter that has torch (TorusTorch.cmake) is the one to build for.
+  set(Python3_EXECUTABLE ${TORUS_PYTHON_EXECUTABLE})
   find_package(Python3 COMPONENTS Interpreter Development.Module QUIET)
   torus_require(Python3_FOUND "Python 3 development files (TORUS_BUILD_PYTHON=ON)" "Install python3-dev, or configure with -DTORUS_BUILD_PYTHON=OFF")
 endif()

@@ -3,6 +3,8 @@
 // Every call that can block (collectives, wait, init, split, mesh creation)
 // releases the GIL. Timeouts are given in seconds (float); None means the
 // group's default.
+#include <ATen/Functions.h>
+
 #include <optional>
 
 #include "bindings.h"
@@ -22,6 +24,20 @@ Duration to_ms(std::optional<double> seconds) {
   if (!seconds) return kDefaultTimeout;
   if (*seconds <= 0) throw torus::InvalidArgument("timeout must be > 0 seconds");
   return Duration(static_cast<int64_t>(*seconds * 1000.0 + 0.5));
+}
+
+// Note [Tensors from Python]: an op's Work holds its tensors until the op
+// completes, and the host backends complete ops on their progress thread. If
+// that thread dropped the last reference to a tensor that has a Python
+// object, it would need the GIL — and deadlock against a main thread that
+// holds the GIL while it waits for that thread (interpreter exit). So the C++
+// side gets a new TensorImpl over the same storage, with no Python object and
+// no autograd link to the caller's tensor (an at::alias view would keep one
+// through its view metadata). In-place results land in the caller's tensor.
+at::Tensor unpy(const at::Tensor& t) {
+  if (!t.defined()) return t;
+  return at::empty({0}, t.options().requires_grad(false))
+      .set_(t.storage(), t.storage_offset(), t.sizes(), t.strides());
 }
 
 ReduceOp to_op(const py::object& op) {
@@ -90,9 +106,13 @@ void bind_comm(py::module_& m) {
           [](ProcessGroup& g, at::Tensor tensor, const py::object& op, std::optional<at::Tensor> output,
              std::optional<double> timeout) {
             AllReduceOptions o{to_op(op), to_ms(timeout)};
+            at::Tensor t = unpy(tensor);
             py::gil_scoped_release release;
-            if (output) return g.all_reduce(tensor, *output, o);
-            return g.all_reduce(tensor, o);
+            if (output) {
+              at::Tensor out = unpy(*output);
+              return g.all_reduce(t, out, o);
+            }
+            return g.all_reduce(t, o);
           },
           py::arg("tensor"), py::arg("op") = ReduceOp::kSum, py::arg("output") = py::none(),
           py::arg("timeout") = py::none(), "All-reduce; in place unless output is given. Returns a Work.")
@@ -101,15 +121,17 @@ void bind_comm(py::module_& m) {
           [](ProcessGroup& g, const at::Tensor& input, at::Tensor output, const py::object& op,
              std::optional<double> timeout) {
             ReduceScatterOptions o{to_op(op), to_ms(timeout)};
+            at::Tensor in = unpy(input), out = unpy(output);
             py::gil_scoped_release release;
-            return g.reduce_scatter(input, output, o);
+            return g.reduce_scatter(in, out, o);
           },
           py::arg("input"), py::arg("output"), py::arg("op") = ReduceOp::kSum, py::arg("timeout") = py::none())
       .def(
           "all_gather",
           [](ProcessGroup& g, const at::Tensor& input, at::Tensor output, std::optional<double> timeout) {
+            at::Tensor in = unpy(input), out = unpy(output);
             py::gil_scoped_release release;
-            return g.all_gather(input, output, AllGatherOptions{to_ms(timeout)});
+            return g.all_gather(in, out, AllGatherOptions{to_ms(timeout)});
           },
           py::arg("input"), py::arg("output"), py::arg("timeout") = py::none(),
           "output (size x input elements) receives every rank's input, in rank order.")
@@ -118,38 +140,43 @@ void bind_comm(py::module_& m) {
           [](ProcessGroup& g, const at::Tensor& input, at::Tensor output, std::vector<int64_t> input_split_sizes,
              std::vector<int64_t> output_split_sizes, std::optional<double> timeout) {
             AllToAllOptions o{std::move(input_split_sizes), std::move(output_split_sizes), to_ms(timeout)};
+            at::Tensor in = unpy(input), out = unpy(output);
             py::gil_scoped_release release;
-            return g.all_to_all(input, output, o);
+            return g.all_to_all(in, out, o);
           },
           py::arg("input"), py::arg("output"), py::arg("input_split_sizes") = std::vector<int64_t>{},
           py::arg("output_split_sizes") = std::vector<int64_t>{}, py::arg("timeout") = py::none())
       .def(
           "broadcast",
           [](ProcessGroup& g, at::Tensor tensor, int root, std::optional<double> timeout) {
+            at::Tensor t = unpy(tensor);
             py::gil_scoped_release release;
-            return g.broadcast(tensor, BroadcastOptions{root, to_ms(timeout)});
+            return g.broadcast(t, BroadcastOptions{root, to_ms(timeout)});
           },
           py::arg("tensor"), py::arg("root") = 0, py::arg("timeout") = py::none())
       .def(
           "reduce",
           [](ProcessGroup& g, at::Tensor tensor, int root, const py::object& op, std::optional<double> timeout) {
             ReduceOptions o{to_op(op), root, to_ms(timeout)};
+            at::Tensor t = unpy(tensor);
             py::gil_scoped_release release;
-            return g.reduce(tensor, o);
+            return g.reduce(t, o);
           },
           py::arg("tensor"), py::arg("root") = 0, py::arg("op") = ReduceOp::kSum, py::arg("timeout") = py::none())
       .def(
           "send",
           [](ProcessGroup& g, const at::Tensor& tensor, int dst, int tag, std::optional<double> timeout) {
+            at::Tensor t = unpy(tensor);
             py::gil_scoped_release release;
-            return g.send(tensor, dst, SendRecvOptions{tag, to_ms(timeout)});
+            return g.send(t, dst, SendRecvOptions{tag, to_ms(timeout)});
           },
           py::arg("tensor"), py::arg("dst"), py::arg("tag") = 0, py::arg("timeout") = py::none())
       .def(
           "recv",
           [](ProcessGroup& g, at::Tensor tensor, int src, int tag, std::optional<double> timeout) {
+            at::Tensor t = unpy(tensor);
             py::gil_scoped_release release;
-            return g.recv(tensor, src, SendRecvOptions{tag, to_ms(timeout)});
+            return g.recv(t, src, SendRecvOptions{tag, to_ms(timeout)});
           },
           py::arg("tensor"), py::arg("src"), py::arg("tag") = 0, py::arg("timeout") = py::none())
       .def(
