@@ -1,0 +1,188 @@
+// torus/models/gpt.h — the reference GPT: a pre-LayerNorm decoder built from
+// the tensor-parallel layers. It is the model of the correctness tests, the
+// benchmarks and the training CLI.
+//
+//   tokens [b, s] -> GPTEmbedding (vocab-parallel word + learned positions)
+//                 -> hidden [s, b, h]          (sequence-first, Note [TP layouts])
+//                 -> GPTBlock x L: x + attn(ln1(x)); x + mlp(ln2(x))
+//                 -> GPTHead: ln_f, output projection (tied or untied)
+//                 -> logits [s, b, padded_vocab/tp] -> vocab-parallel cross entropy
+//
+// Tensor parallelism splits attention heads (fused QKV, column parallel;
+// output projection, row parallel), the MLP (fc1 column, fc2 row) and the
+// vocabulary (embedding and output layer). With sequence parallelism the
+// hidden states between blocks are [s/tp, b, h], and LayerNorm, dropout and
+// the residual adds work on the local slice of the sequence.
+//
+// Note [QKV layout]: the fused QKV weight [3h, h] stores its rows head by
+// head, [num_heads][q|k|v][head_dim], so that a contiguous TP slice holds
+// whole heads, each with its q, k and v. Only queries and values have a bias
+// ("qv_bias", [num_heads, 2, head_dim]): a key bias adds the same q.b to every
+// score of a query's row, which softmax ignores, so its gradient is exactly
+// zero and an Adam step would only integrate rounding noise into it (Whisper
+// omits it for the same reason).
+//
+// Layout independence: every parameter is initialised from
+// derive_seed(config.seed, <its name>) (Note [Layout-independent init]), so
+// any TP size — and any pipeline cut (GPTPart) — holds slices of the same
+// model. Dropout follows Note [Dropout RNG rule] (random.h); the correctness
+// contract is stated for dropout 0.
+//
+// Pipeline cuts: a GPT built with a GPTPart holds only its embedding, a
+// contiguous range of blocks, and/or its head; forward() takes tokens when the
+// part has the embedding, else hidden states, and returns logits when it has
+// the head, else hidden states. With tied embeddings, a part that has the head
+// but not the embedding owns a copy of the word embedding ("head.output.weight",
+// same initial value); the pipeline must add the two copies' gradients.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "torus/parallel/groups.h"
+#include "torus/parallel/tensor/layers.h"
+#include "torus/parallel/tensor/random.h"
+
+namespace torus::models {
+
+struct GPTConfig {
+  int64_t vocab_size = 50257;
+  int64_t max_seq_len = 1024;  // rows of the position table; inputs may be shorter
+  int64_t num_layers = 12;
+  int64_t hidden = 768;
+  int64_t num_heads = 12;
+  int64_t ffn_hidden = 0;      // 0: 4 * hidden
+  double dropout = 0.0;        // embedding and residual dropout
+  double attention_dropout = 0.0;
+  double layernorm_eps = 1e-5;
+  bool tie_embeddings = true;
+  bool sequence_parallel = false;
+  int64_t vocab_pad_multiple = 1;  // padded vocab: multiple of vocab_pad_multiple * tp
+  double init_std = 0.02;          // residual projections: init_std / sqrt(2 * num_layers)
+  uint64_t seed = 1234;
+  c10::ScalarType dtype = at::kFloat;
+  c10::Device device = c10::Device(c10::kCPU);
+
+  int64_t ffn() const { return ffn_hidden > 0 ? ffn_hidden : 4 * hidden; }
+  int64_t head_dim() const { return hidden / num_heads; }
+
+  // Throws InvalidArgument naming the problem: sizes < 1, hidden not
+  // divisible by num_heads, num_heads or ffn not divisible by tp_size,
+  // dropout outside [0, 1). Pure: no communication.
+  void validate(int tp_size) const;
+  // Throws InvalidArgument unless an input of `seq_len` fits: seq_len <=
+  // max_seq_len and, under sequence parallelism, divisible by tp_size.
+  void validate_sequence(int64_t seq_len, int tp_size) const;
+
+  // Presets sized for CPUs.
+  static GPTConfig tiny();   // 2 layers, width 32, 4 heads, seq 16, vocab 61 (tests)
+  static GPTConfig small();  // 4 layers, width 256, 8 heads, seq 128, vocab 8192 (benchmarks)
+  static GPTConfig gpt2();   // GPT-2 124M
+};
+
+// Which pieces of the model this instance holds (pipeline cuts).
+struct GPTPart {
+  bool embedding = true;
+  int64_t first_layer = 0;
+  int64_t num_layers = -1;  // -1: through the last layer
+  bool head = true;
+};
+
+class GPTEmbedding : public torch::nn::Module, public tp::ShardedModule {
+ public:
+  GPTEmbedding(const GPTConfig& config, const parallel::ParallelGroups& groups,
+               std::shared_ptr<tp::RngTracker> rng);
+  // tokens [b, s] int64 -> hidden [s, b, h] ([s/tp, b, h] with sequence parallelism).
+  at::Tensor forward(const at::Tensor& tokens);
+  tp::ShardSpecs shard_specs() const override;  // position table: partial grads under SP
+  const std::shared_ptr<tp::VocabParallelEmbedding>& word() const { return word_; }
+  const at::Tensor& position() const { return position_; }
+
+ private:
+  GPTConfig config_;
+  comm::ProcessGroupPtr tp_;
+  std::shared_ptr<tp::RngTracker> rng_;
+  std::shared_ptr<tp::VocabParallelEmbedding> word_;
+  at::Tensor position_;
+};
+
+class GPTBlock : public torch::nn::Module, public tp::ShardedModule {
+ public:
+  // `layer`: the global layer index (names the parameters' seeds).
+  GPTBlock(const GPTConfig& config, int64_t layer, const parallel::ParallelGroups& groups,
+           std::shared_ptr<tp::RngTracker> rng);
+  // hidden [s, b, h] ([s/tp, b, h] with sequence parallelism), same shape out.
+  at::Tensor forward(const at::Tensor& hidden);
+  tp::ShardSpecs shard_specs() const override;  // qv_bias: split by heads
+
+ private:
+  at::Tensor attention(const at::Tensor& x);
+
+  GPTConfig config_;
+  comm::ProcessGroupPtr tp_;
+  std::shared_ptr<tp::RngTracker> rng_;
+  int64_t local_heads_ = 0;
+  std::shared_ptr<tp::LayerNorm> ln1_, ln2_;
+  std::shared_ptr<tp::ColumnParallelLinear> qkv_, fc1_;
+  std::shared_ptr<tp::RowParallelLinear> proj_, fc2_;
+  at::Tensor qv_bias_;  // [local heads, 2, head_dim]
+};
+
+class GPTHead : public torch::nn::Module, public tp::ShardedModule {
+ public:
+  // `tied_weight`: the word embedding to reuse as the output layer; undefined
+  // for an untied head or a pipeline part without the embedding.
+  GPTHead(const GPTConfig& config, const parallel::ParallelGroups& groups, const at::Tensor& tied_weight);
+  // hidden [s(/tp), b, h] -> logits [s, b, padded_vocab/tp].
+  at::Tensor forward(const at::Tensor& hidden);
+  // Mean cross entropy over the tokens of logits [s, b, V/tp] against labels
+  // [b, s] (ignore_index -100). No logit gather.
+  at::Tensor loss(const at::Tensor& logits, const at::Tensor& labels) const;
+  tp::ShardSpecs shard_specs() const override;
+  const at::Tensor& output_weight() const { return output_; }
+
+ private:
+  GPTConfig config_;
+  comm::ProcessGroupPtr tp_;
+  bool owns_output_ = false;
+  std::shared_ptr<tp::LayerNorm> ln_f_;
+  at::Tensor output_;  // [padded_vocab/tp, h]
+};
+
+class GPT : public torch::nn::Module {
+ public:
+  // Validates the config against the TP size (InvalidArgument) before any
+  // communication; construction itself communicates nothing.
+  GPT(const GPTConfig& config, const parallel::ParallelGroups& groups = {}, const GPTPart& part = {});
+
+  // tokens [b, s] (or hidden states for a part without the embedding) ->
+  // logits [s, b, padded_vocab/tp] (or hidden states without the head).
+  at::Tensor forward(const at::Tensor& input);
+  // forward + mean cross entropy against labels [b, s]. Needs the head.
+  at::Tensor loss(const at::Tensor& input, const at::Tensor& labels);
+
+  const GPTConfig& config() const { return config_; }
+  const parallel::ParallelGroups& groups() const { return groups_; }
+  const std::shared_ptr<tp::RngTracker>& rng() const { return rng_; }
+  const std::shared_ptr<GPTEmbedding>& embedding() const { return embedding_; }  // null if not in part
+  const std::vector<std::shared_ptr<GPTBlock>>& blocks() const { return blocks_; }
+  const std::shared_ptr<GPTHead>& head() const { return head_; }  // null if not in part
+  int64_t padded_vocab() const { return padded_vocab_; }
+
+ private:
+  GPTConfig config_;
+  parallel::ParallelGroups groups_;
+  GPTPart part_;
+  int64_t padded_vocab_ = 0;
+  std::shared_ptr<tp::RngTracker> rng_;
+  std::shared_ptr<GPTEmbedding> embedding_;
+  std::vector<std::shared_ptr<GPTBlock>> blocks_;
+  std::shared_ptr<GPTHead> head_;
+};
+
+}  // namespace torus::models

@@ -1,0 +1,91 @@
+// torus/parallel/tensor/sharding.h — how parameters are laid out over the TP
+// group, how their layout-independent initial values are made, and how the
+// full TP=1 tensors are gathered back (tests, checkpoints, export).
+//
+// Every parameter of a TP layer has a ShardSpec. A parameter split over TP
+// holds one contiguous, equal block of dimension `dim` of its padded global
+// tensor; a global size not divisible by the TP size is padded at the end
+// (only the vocabulary is: see pad_vocab). Layers report their specs through
+// the ShardedModule interface; parameters of modules that do not are
+// replicated with full gradients (the default for any torch::nn::Module).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "torus/comm/process_group.h"
+
+namespace torch::nn {
+class Module;
+}
+
+namespace torus::tp {
+
+struct ShardSpec {
+  int dim = -1;            // dimension split over TP; -1: replicated on every TP rank
+  int64_t full_size = -1;  // global size along `dim` without padding; -1: no padding
+  // Replicated parameter whose gradient on each TP rank is only a partial sum
+  // (it acts on this rank's slice of a sequence-parallel region): the gradient
+  // must be summed over TP before the step. The DP wrapper does this.
+  bool tp_partial_grad = false;
+
+  bool sharded() const { return dim >= 0; }
+};
+
+using ShardSpecs = std::map<std::string, ShardSpec>;  // by parameter name
+
+// Implemented by modules whose parameters are not plain replicated ones.
+class ShardedModule {
+ public:
+  virtual ~ShardedModule() = default;
+  // Specs of this module's OWN parameters (not its children's), by local name.
+  virtual ShardSpecs shard_specs() const = 0;
+};
+
+// Specs of every parameter of `module` and its descendants, by the names of
+// module.named_parameters(); parameters not covered are replicated.
+ShardSpecs collect_shard_specs(const torch::nn::Module& module);
+
+// One rank's block [offset, offset + size) of a padded global dimension.
+struct ShardRange {
+  int64_t offset = 0;
+  int64_t size = 0;
+};
+// `padded` must be divisible by `tp_size` (InvalidArgument otherwise).
+ShardRange shard_range(int64_t padded, int tp_rank, int tp_size);
+
+// The vocabulary size rounded up to a multiple of multiple * tp_size, so each
+// TP rank holds an equal block (Megatron's make-vocab-size-divisible-by).
+int64_t pad_vocab(int64_t vocab, int tp_size, int64_t multiple = 1);
+
+// How to draw a parameter's full value.
+struct InitSpec {
+  enum class Kind { kNormal, kZeros, kOnes };
+  Kind kind = Kind::kNormal;
+  double std = 0.02;  // kNormal only
+  uint64_t seed = 0;  // kNormal: seed of the CPU generator (derive_seed(model seed, name))
+};
+
+// This rank's shard of a parameter whose full (unpadded) shape is
+// `full_shape` (Note [Layout-independent init] in random.h): draws the full
+// tensor on the CPU in `dtype`, pads dimension spec.dim with zeros up to
+// `padded` (ignored when spec is replicated), and returns the rank's block,
+// contiguous, on `options.device()`.
+at::Tensor init_shard(at::IntArrayRef full_shape, const ShardSpec& spec, int64_t padded, const InitSpec& init,
+                      int tp_rank, int tp_size, const at::TensorOptions& options);
+
+// The full, unpadded tensor of one parameter (or gradient): all-gathers the
+// shards over `tp` along spec.dim and drops the padding; a replicated tensor
+// is returned as is. Collective over `tp` for sharded specs.
+at::Tensor gather_full(const at::Tensor& shard, const ShardSpec& spec, const comm::ProcessGroupPtr& tp);
+
+// Full tensors of every parameter of `module`, by name, detached. Collective
+// over `tp` (same order on every rank).
+std::map<std::string, at::Tensor> gather_full_parameters(const torch::nn::Module& module,
+                                                          const comm::ProcessGroupPtr& tp);
+
+}  // namespace torus::tp

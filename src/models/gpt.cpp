@@ -1,0 +1,288 @@
+// The reference GPT (gpt.h): embedding, pre-LayerNorm blocks and head, built
+// from the tensor-parallel layers.
+#include "torus/models/gpt.h"
+
+#include <ATen/Functions.h>
+#include <ATen/TensorOperators.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "core/log.h"
+#include "torus/parallel/tensor/cross_entropy.h"
+#include "torus/parallel/tensor/mappings.h"
+
+namespace torus::models {
+namespace {
+
+using tp::RngRegion;
+
+at::TensorOptions tensor_options(const GPTConfig& c) { return at::TensorOptions().dtype(c.dtype).device(c.device); }
+
+// Seeds are named after the parameter's place in the full model, never after
+// the layout (Note [Layout-independent init]).
+tp::ParamInit param_init(const GPTConfig& c, const std::string& name, double std) {
+  return {tp::derive_seed(c.seed, name), std};
+}
+constexpr const char* kWordEmbedding = "embedding.word";
+
+// Dropout on the hidden states: replicated over TP unless sequence parallel.
+RngRegion hidden_region(const GPTConfig& c) { return c.sequence_parallel ? RngRegion::kSharded : RngRegion::kReplicated; }
+
+}  // namespace
+
+// --- config ----------------------------------------------------------------------
+
+void GPTConfig::validate(int tp_size) const {
+  TORUS_CHECK(tp_size >= 1, InvalidArgument, "GPT: tensor-parallel size must be >= 1, got {}", tp_size);
+  TORUS_CHECK(vocab_size >= 1 && max_seq_len >= 1 && num_layers >= 1 && hidden >= 1 && num_heads >= 1 &&
+                  ffn() >= 1 && vocab_pad_multiple >= 1,
+              InvalidArgument,
+              "GPT: sizes must be >= 1 (vocab {}, max_seq_len {}, layers {}, hidden {}, heads {}, ffn {}, vocab pad "
+              "multiple {})",
+              vocab_size, max_seq_len, num_layers, hidden, num_heads, ffn(), vocab_pad_multiple);
+  TORUS_CHECK(hidden % num_heads == 0, InvalidArgument, "GPT: hidden {} is not divisible by num_heads {}", hidden,
+              num_heads);
+  TORUS_CHECK(num_heads % tp_size == 0, InvalidArgument,
+              "GPT: num_heads {} is not divisible by the tensor-parallel size {} (heads are split over TP)", num_heads,
+              tp_size);
+  TORUS_CHECK(ffn() % tp_size == 0, InvalidArgument, "GPT: ffn_hidden {} is not divisible by the tensor-parallel size {}",
+              ffn(), tp_size);
+  TORUS_CHECK(dropout >= 0 && dropout < 1 && attention_dropout >= 0 && attention_dropout < 1, InvalidArgument,
+              "GPT: dropout {} and attention_dropout {} must be in [0, 1)", dropout, attention_dropout);
+  TORUS_CHECK(at::isFloatingType(dtype), InvalidArgument, "GPT: dtype {} is not floating point", c10::toString(dtype));
+}
+
+void GPTConfig::validate_sequence(int64_t seq_len, int tp_size) const {
+  TORUS_CHECK(seq_len >= 1 && seq_len <= max_seq_len, InvalidArgument,
+              "GPT: sequence length {} must be in [1, max_seq_len = {}]", seq_len, max_seq_len);
+  TORUS_CHECK(!sequence_parallel || seq_len % tp_size == 0, InvalidArgument,
+              "GPT: sequence parallelism needs the sequence length {} divisible by the tensor-parallel size {}", seq_len,
+              tp_size);
+}
+
+GPTConfig GPTConfig::tiny() {
+  GPTConfig c;
+  c.vocab_size = 61;
+  c.max_seq_len = 16;
+  c.num_layers = 2;
+  c.hidden = 32;
+  c.num_heads = 4;
+  return c;
+}
+
+GPTConfig GPTConfig::small() {
+  GPTConfig c;
+  c.vocab_size = 8192;
+  c.max_seq_len = 128;
+  c.num_layers = 4;
+  c.hidden = 256;
+  c.num_heads = 8;
+  return c;
+}
+
+GPTConfig GPTConfig::gpt2() { return GPTConfig{}; }
+
+// --- embedding ---------------------------------------------------------------------
+
+GPTEmbedding::GPTEmbedding(const GPTConfig& config, const parallel::ParallelGroups& groups,
+                           std::shared_ptr<tp::RngTracker> rng)
+    : config_(config), tp_(groups.tp), rng_(std::move(rng)) {
+  tp::VocabParallelEmbeddingOptions o;
+  o.num_embeddings = config.vocab_size;
+  o.embedding_dim = config.hidden;
+  o.pad_multiple = config.vocab_pad_multiple;
+  o.reduce_scatter_output = config.sequence_parallel;
+  o.init = param_init(config, kWordEmbedding, config.init_std);
+  o.tensor_options = tensor_options(config);
+  word_ = register_module("word", std::make_shared<tp::VocabParallelEmbedding>(o, tp_));
+  position_ = register_parameter(
+      "position", tp::init_shard({config.max_seq_len, config.hidden}, {}, 0,
+                                 {tp::InitSpec::Kind::kNormal, config.init_std,
+                                  tp::derive_seed(config.seed, "embedding.position")},
+                                 0, 1, tensor_options(config)));
+}
+
+at::Tensor GPTEmbedding::forward(const at::Tensor& tokens) {
+  TORUS_CHECK(tokens.defined() && tokens.dim() == 2 && tokens.scalar_type() == at::kLong, InvalidArgument,
+              "GPT: tokens must be an int64 tensor [batch, seq]");
+  const int n = parallel::group_size(tp_);
+  const int64_t seq = tokens.size(1);
+  config_.validate_sequence(seq, n);
+  if (tokens.device().is_cpu()) {
+    // Out-of-range tokens would be silently zeroed by the vocab-parallel
+    // lookup; checked on CPU only (no device synchronisation).
+    TORUS_CHECK(!tokens.lt(0).logical_or_(tokens.ge(config_.vocab_size)).any().item<bool>(), InvalidArgument,
+                "GPT: a token is outside the vocabulary [0, {})", config_.vocab_size);
+  }
+  // Sequence-first from here on; with SP the sum over TP is reduce-scattered
+  // so each rank keeps seq/tp positions.
+  at::Tensor x = word_->forward(tokens.t().contiguous());  // [s(/tp), b, h]
+  at::Tensor pos = config_.sequence_parallel
+                       ? position_.narrow(0, parallel::group_rank(tp_) * (seq / n), seq / n)
+                       : position_.narrow(0, 0, seq);
+  x = x + pos.unsqueeze(1);
+  return tp::dropout(x, config_.dropout, is_training(), rng_->generator(hidden_region(config_)));
+}
+
+tp::ShardSpecs GPTEmbedding::shard_specs() const {
+  // Under SP each rank adds only its slice of the position table.
+  return {{"position", {.tp_partial_grad = config_.sequence_parallel}}};
+}
+
+// --- block -------------------------------------------------------------------------------
+
+GPTBlock::GPTBlock(const GPTConfig& config, int64_t layer, const parallel::ParallelGroups& groups,
+                   std::shared_ptr<tp::RngTracker> rng)
+    : config_(config), tp_(groups.tp), rng_(std::move(rng)) {
+  const std::string prefix = "blocks." + std::to_string(layer) + ".";
+  const bool sp = config.sequence_parallel;
+  const auto opts = tensor_options(config);
+  const double out_std = config.init_std / std::sqrt(2.0 * static_cast<double>(config.num_layers));
+  local_heads_ = config.num_heads / parallel::group_size(tp_);
+
+  ln1_ = register_module("ln1", std::make_shared<tp::LayerNorm>(tp::LayerNormOptions{config.hidden, config.layernorm_eps, sp, opts}));
+  ln2_ = register_module("ln2", std::make_shared<tp::LayerNorm>(tp::LayerNormOptions{config.hidden, config.layernorm_eps, sp, opts}));
+  // Note [QKV layout]: rows ordered [head][q|k|v][head_dim], so a TP slice is whole heads.
+  qkv_ = register_module("qkv", std::make_shared<tp::ColumnParallelLinear>(
+                                    tp::ColumnParallelLinearOptions{config.hidden, 3 * config.hidden, false, false, sp,
+                                                                    param_init(config, prefix + "qkv", config.init_std), opts},
+                                    tp_));
+  qv_bias_ = register_parameter(
+      "qv_bias", tp::init_shard({config.num_heads, 2, config.head_dim()}, {0}, config.num_heads,
+                                {tp::InitSpec::Kind::kZeros}, parallel::group_rank(tp_), parallel::group_size(tp_), opts));
+  proj_ = register_module("proj", std::make_shared<tp::RowParallelLinear>(
+                                      tp::RowParallelLinearOptions{config.hidden, config.hidden, true, true, sp,
+                                                                   param_init(config, prefix + "proj", out_std), opts},
+                                      tp_));
+  fc1_ = register_module("fc1", std::make_shared<tp::ColumnParallelLinear>(
+                                    tp::ColumnParallelLinearOptions{config.hidden, config.ffn(), true, false, sp,
+                                                                    param_init(config, prefix + "fc1", config.init_std), opts},
+                                    tp_));
+  fc2_ = register_module("fc2", std::make_shared<tp::RowParallelLinear>(
+                                    tp::RowParallelLinearOptions{config.ffn(), config.hidden, true, true, sp,
+                                                                 param_init(config, prefix + "fc2", out_std), opts},
+                                    tp_));
+}
+
+at::Tensor GPTBlock::attention(const at::Tensor& x) {
+  at::Tensor qkv = qkv_->forward(x);  // [s, b, 3 h / tp], all-gathered over the sequence under SP
+  const int64_t s = qkv.size(0), b = qkv.size(1), hd = config_.head_dim();
+  qkv = qkv.view({s, b, local_heads_, 3, hd});
+  // [b, heads, s, hd] views for attention.
+  at::Tensor q = (qkv.select(3, 0) + qv_bias_.select(1, 0)).permute({1, 2, 0, 3});
+  at::Tensor k = qkv.select(3, 1).permute({1, 2, 0, 3});
+  at::Tensor v = (qkv.select(3, 2) + qv_bias_.select(1, 1)).permute({1, 2, 0, 3});
+  at::Tensor ctx;
+  if (config_.attention_dropout == 0.0 || !is_training()) {
+    ctx = at::scaled_dot_product_attention(q, k, v, std::nullopt, 0.0, /*is_causal=*/true);
+  } else {
+    // Explicit path: the probabilities are sharded by head, so their dropout
+    // draws from the per-rank stream (Note [Dropout RNG rule]).
+    at::Tensor scores = at::matmul(q, k.transpose(-2, -1)).mul_(1.0 / std::sqrt(static_cast<double>(hd)));
+    at::Tensor causal = at::ones({s, s}, at::TensorOptions().dtype(at::kBool).device(x.device())).triu_(1);
+    at::Tensor probs = at::softmax(scores.masked_fill(causal, -std::numeric_limits<double>::infinity()), -1);
+    probs = tp::dropout(probs, config_.attention_dropout, true, rng_->generator(RngRegion::kSharded));
+    ctx = at::matmul(probs, v);
+  }
+  ctx = ctx.permute({2, 0, 1, 3}).reshape({s, b, local_heads_ * hd});
+  return proj_->forward(ctx);  // [s, b, h] (reduce-scattered to [s/tp, b, h] under SP)
+}
+
+at::Tensor GPTBlock::forward(const at::Tensor& hidden) {
+  auto& gen = rng_->generator(hidden_region(config_));
+  const bool train = is_training();
+  at::Tensor x = hidden + tp::dropout(attention(ln1_->forward(hidden)), config_.dropout, train, gen);
+  at::Tensor m = fc2_->forward(at::gelu(fc1_->forward(ln2_->forward(x)), "tanh"));
+  return x + tp::dropout(m, config_.dropout, train, gen);
+}
+
+tp::ShardSpecs GPTBlock::shard_specs() const { return {{"qv_bias", {0}}}; }
+
+// --- head ----------------------------------------------------------------------------------
+
+GPTHead::GPTHead(const GPTConfig& config, const parallel::ParallelGroups& groups, const at::Tensor& tied_weight)
+    : config_(config), tp_(groups.tp) {
+  const auto opts = tensor_options(config);
+  ln_f_ = register_module("ln_f", std::make_shared<tp::LayerNorm>(
+                                      tp::LayerNormOptions{config.hidden, config.layernorm_eps, config.sequence_parallel, opts}));
+  if (tied_weight.defined()) {
+    output_ = tied_weight;
+  } else {
+    // Untied; or tied but the word embedding lives on another pipeline stage:
+    // a copy with the embedding's initial value.
+    const int n = parallel::group_size(tp_);
+    const int64_t padded = tp::pad_vocab(config.vocab_size, n, config.vocab_pad_multiple);
+    const tp::ParamInit init = param_init(config, config.tie_embeddings ? kWordEmbedding : "head.output", config.init_std);
+    output_ = register_parameter(
+        "output", tp::init_shard({config.vocab_size, config.hidden}, {0, config.vocab_size}, padded,
+                                 {tp::InitSpec::Kind::kNormal, init.std, tp::derive_seed(init.seed, "weight")},
+                                 parallel::group_rank(tp_), n, opts));
+    owns_output_ = true;
+  }
+}
+
+at::Tensor GPTHead::forward(const at::Tensor& hidden) {
+  // Under SP the output layer all-gathers the sequence (and reduce-scatters
+  // its input gradient), like any column-parallel layer.
+  return tp::column_parallel_linear(ln_f_->forward(hidden), output_, at::Tensor(), tp_,
+                                    {.gather_output = false, .sequence_parallel = config_.sequence_parallel});
+}
+
+at::Tensor GPTHead::loss(const at::Tensor& logits, const at::Tensor& labels) const {
+  TORUS_CHECK(labels.defined() && labels.dim() == 2 && labels.scalar_type() == at::kLong, InvalidArgument,
+              "GPT: labels must be an int64 tensor [batch, seq]");
+  at::Tensor targets = labels.t();  // sequence-first, like the logits
+  at::Tensor per_token = tp::vocab_parallel_cross_entropy(logits, targets, tp_, {.vocab_size = config_.vocab_size});
+  at::Tensor count = targets.ne(-100).sum().clamp_min(1).to(per_token.scalar_type());
+  return per_token.sum() / count;
+}
+
+tp::ShardSpecs GPTHead::shard_specs() const {
+  if (!owns_output_) return {};
+  return {{"output", {0, config_.vocab_size}}};
+}
+
+// --- GPT ---------------------------------------------------------------------------------------
+
+GPT::GPT(const GPTConfig& config, const parallel::ParallelGroups& groups, const GPTPart& part)
+    : config_(config), groups_(groups), part_(part) {
+  const int n = groups.tp_size();
+  config.validate(n);
+  const int64_t last = part.num_layers < 0 ? config.num_layers : part.first_layer + part.num_layers;
+  TORUS_CHECK(part.first_layer >= 0 && last <= config.num_layers && part.first_layer <= last, InvalidArgument,
+              "GPT: part layers [{}, {}) outside the model's {} layers", part.first_layer, last, config.num_layers);
+  padded_vocab_ = tp::pad_vocab(config.vocab_size, n, config.vocab_pad_multiple);
+  rng_ = std::make_shared<tp::RngTracker>(config.seed, groups.tp_rank(), config.device);
+  if (part.embedding) embedding_ = register_module("embedding", std::make_shared<GPTEmbedding>(config, groups, rng_));
+  if (last > part.first_layer) {
+    auto blocks = register_module("blocks", std::make_shared<torch::nn::Module>());
+    for (int64_t i = part.first_layer; i < last; ++i) {
+      blocks_.push_back(blocks->register_module(std::to_string(i), std::make_shared<GPTBlock>(config, i, groups, rng_)));
+    }
+  }
+  if (part.head) {
+    at::Tensor tied = config.tie_embeddings && embedding_ ? embedding_->word()->weight() : at::Tensor();
+    head_ = register_module("head", std::make_shared<GPTHead>(config, groups, tied));
+  }
+}
+
+at::Tensor GPT::forward(const at::Tensor& input) {
+  at::Tensor x = embedding_ ? embedding_->forward(input) : input;
+  for (auto& block : blocks_) x = block->forward(x);
+  return head_ ? head_->forward(x) : x;
+}
+
+at::Tensor GPT::loss(const at::Tensor& input, const at::Tensor& labels) {
+  TORUS_CHECK(head_ != nullptr, InvalidArgument, "GPT::loss: this pipeline part has no head");
+  TORUS_CHECK(labels.defined() && labels.dim() == 2, InvalidArgument, "GPT: labels must be [batch, seq]");
+  if (embedding_) {
+    TORUS_CHECK(input.dim() == 2 && input.sizes() == labels.sizes(), InvalidArgument,
+                "GPT::loss: tokens [{}] and labels [{}] differ in shape", fmt::join(input.sizes(), ", "),
+                fmt::join(labels.sizes(), ", "));
+  }
+  return head_->loss(forward(input), labels);
+}
+
+}  // namespace torus::models

@@ -1,0 +1,196 @@
+// Tensor-parallel layers (layers.h): the functional forms compose the region
+// mappings with local ATen ops; the modules own layout-independent shards.
+#include "torus/parallel/tensor/layers.h"
+
+#include <ATen/Functions.h>
+#include <ATen/TensorOperators.h>
+
+#include "core/log.h"
+#include "torus/parallel/groups.h"
+#include "torus/parallel/tensor/mappings.h"
+#include "torus/parallel/tensor/random.h"
+
+namespace torus::tp {
+namespace {
+
+using parallel::group_rank;
+using parallel::group_size;
+
+void check_features(const at::Tensor& x, const at::Tensor& weight, const char* layer) {
+  TORUS_CHECK(x.defined() && weight.defined(), InvalidArgument, "{}: undefined input or weight", layer);
+  TORUS_CHECK(x.dim() >= 1 && weight.dim() == 2 && x.size(-1) == weight.size(1), InvalidArgument,
+              "{}: input [{}] does not match the local weight [{}] (last input dimension must be {})", layer,
+              fmt::join(x.sizes(), ", "), fmt::join(weight.sizes(), ", "), weight.dim() == 2 ? weight.size(1) : -1);
+}
+
+void check_sequence(const at::Tensor& y, const comm::ProcessGroupPtr& tp, const char* layer) {
+  TORUS_CHECK(y.dim() >= 1 && y.size(0) % group_size(tp) == 0, InvalidArgument,
+              "{}: sequence parallelism needs the sequence (dimension 0, size {}) divisible by the TP size {}", layer,
+              y.dim() >= 1 ? y.size(0) : 0, group_size(tp));
+}
+
+int64_t divided(int64_t size, const comm::ProcessGroupPtr& tp, const char* what, const char* layer) {
+  const int n = group_size(tp);
+  TORUS_CHECK(size >= 1, InvalidArgument, "{}: {} must be >= 1, got {}", layer, what, size);
+  TORUS_CHECK(size % n == 0, InvalidArgument, "{}: {} ({}) is not divisible by the tensor-parallel size {}", layer,
+              what, size, n);
+  return size / n;
+}
+
+InitSpec normal(const ParamInit& init, std::string_view name) {
+  return {InitSpec::Kind::kNormal, init.std, derive_seed(init.seed, name)};
+}
+constexpr InitSpec kZeros{InitSpec::Kind::kZeros, 0.0, 0};
+constexpr InitSpec kOnes{InitSpec::Kind::kOnes, 0.0, 0};
+
+}  // namespace
+
+// --- functional forms -----------------------------------------------------------
+
+at::Tensor column_parallel_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                                  const comm::ProcessGroupPtr& tp, const ColumnParallelOptions& options) {
+  check_features(x, weight, "column_parallel_linear");
+  at::Tensor input = options.sequence_parallel ? gather_from_sequence_region(x, tp, /*partial_grad=*/true)
+                                               : copy_to_tp_region(x, tp);
+  at::Tensor y = at::linear(input, weight, bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt);
+  return options.gather_output ? gather_from_tp_region(y, tp) : y;
+}
+
+at::Tensor row_parallel_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                               const comm::ProcessGroupPtr& tp, const RowParallelOptions& options) {
+  TORUS_CHECK(x.defined() && weight.defined(), InvalidArgument, "row_parallel_linear: undefined input or weight");
+  if (!options.input_is_parallel) {
+    TORUS_CHECK(x.dim() >= 1 && x.size(-1) == weight.size(1) * group_size(tp), InvalidArgument,
+                "row_parallel_linear: replicated input [{}] must have {} x {} features", fmt::join(x.sizes(), ", "),
+                group_size(tp), weight.size(1));
+  }
+  at::Tensor input = options.input_is_parallel ? x : scatter_to_tp_region(x, tp);
+  check_features(input, weight, "row_parallel_linear");
+  at::Tensor partial = at::linear(input, weight);
+  at::Tensor y;
+  if (options.sequence_parallel) {
+    check_sequence(partial, tp, "row_parallel_linear");
+    y = reduce_scatter_to_sequence_region(partial, tp);
+  } else {
+    y = reduce_from_tp_region(partial, tp);
+  }
+  return bias.defined() ? y + bias : y;
+}
+
+at::Tensor vocab_parallel_embedding(const at::Tensor& tokens, const at::Tensor& weight,
+                                    const comm::ProcessGroupPtr& tp, bool reduce_scatter_output) {
+  TORUS_CHECK(tokens.defined() && tokens.scalar_type() == at::kLong, InvalidArgument,
+              "vocab_parallel_embedding: tokens must be an int64 tensor");
+  TORUS_CHECK(weight.defined() && weight.dim() == 2, InvalidArgument,
+              "vocab_parallel_embedding: weight must be [vocab/tp, h]");
+  if (reduce_scatter_output) {
+    TORUS_CHECK(tokens.dim() >= 1 && tokens.size(0) % group_size(tp) == 0, InvalidArgument,
+                "vocab_parallel_embedding: sequence parallelism needs the sequence (dimension 0 of the tokens, size "
+                "{}) divisible by the TP size {}",
+                tokens.dim() >= 1 ? tokens.size(0) : 0, group_size(tp));
+  }
+  if (group_size(tp) == 1) return at::embedding(weight, tokens);
+  const int64_t local = weight.size(0);
+  const int64_t start = group_rank(tp) * local;
+  // Tokens owned by other ranks look up row 0 and are zeroed: the sum over
+  // ranks then holds exactly one real row per token.
+  at::Tensor outside = tokens.lt(start).logical_or_(tokens.ge(start + local));
+  at::Tensor rows = at::embedding(weight, (tokens - start).masked_fill_(outside, 0));
+  at::Tensor partial = rows.masked_fill(outside.unsqueeze(-1), 0);
+  return reduce_scatter_output ? reduce_scatter_to_sequence_region(partial, tp) : reduce_from_tp_region(partial, tp);
+}
+
+// --- ColumnParallelLinear ------------------------------------------------------------
+
+ColumnParallelLinear::ColumnParallelLinear(const ColumnParallelLinearOptions& options, comm::ProcessGroupPtr tp)
+    : options_(options), tp_(std::move(tp)) {
+  const char* name = "ColumnParallelLinear";
+  divided(options.in_features, nullptr, "in_features", name);
+  divided(options.out_features, tp_, "out_features", name);
+  const int r = group_rank(tp_), n = group_size(tp_);
+  weight_ = register_parameter("weight", init_shard({options.out_features, options.in_features}, {0},
+                                                    options.out_features, normal(options.init, "weight"), r, n,
+                                                    options.tensor_options));
+  if (options.bias) {
+    bias_ = register_parameter(
+        "bias", init_shard({options.out_features}, {0}, options.out_features, kZeros, r, n, options.tensor_options));
+  }
+}
+
+at::Tensor ColumnParallelLinear::forward(const at::Tensor& x) {
+  return column_parallel_linear(x, weight_, bias_, tp_, {options_.gather_output, options_.sequence_parallel});
+}
+
+ShardSpecs ColumnParallelLinear::shard_specs() const {
+  ShardSpecs s{{"weight", {0}}};
+  if (bias_.defined()) s["bias"] = {0};
+  return s;
+}
+
+// --- RowParallelLinear -------------------------------------------------------------------
+
+RowParallelLinear::RowParallelLinear(const RowParallelLinearOptions& options, comm::ProcessGroupPtr tp)
+    : options_(options), tp_(std::move(tp)) {
+  const char* name = "RowParallelLinear";
+  divided(options.in_features, tp_, "in_features", name);
+  divided(options.out_features, nullptr, "out_features", name);
+  const int r = group_rank(tp_), n = group_size(tp_);
+  weight_ = register_parameter("weight", init_shard({options.out_features, options.in_features}, {1},
+                                                    options.in_features, normal(options.init, "weight"), r, n,
+                                                    options.tensor_options));
+  if (options.bias) {
+    bias_ = register_parameter("bias", init_shard({options.out_features}, {}, 0, kZeros, r, n, options.tensor_options));
+  }
+}
+
+at::Tensor RowParallelLinear::forward(const at::Tensor& x) {
+  return row_parallel_linear(x, weight_, bias_, tp_, {options_.input_is_parallel, options_.sequence_parallel});
+}
+
+ShardSpecs RowParallelLinear::shard_specs() const {
+  ShardSpecs s{{"weight", {1}}};
+  // Under sequence parallelism the bias is added to this rank's slice of the
+  // sequence only: its gradient is partial over TP.
+  if (bias_.defined()) s["bias"] = {.tp_partial_grad = options_.sequence_parallel};
+  return s;
+}
+
+// --- VocabParallelEmbedding -------------------------------------------------------------
+
+VocabParallelEmbedding::VocabParallelEmbedding(const VocabParallelEmbeddingOptions& options, comm::ProcessGroupPtr tp)
+    : options_(options), tp_(std::move(tp)) {
+  const char* name = "VocabParallelEmbedding";
+  divided(options.num_embeddings, nullptr, "num_embeddings", name);
+  divided(options.embedding_dim, nullptr, "embedding_dim", name);
+  const int r = group_rank(tp_), n = group_size(tp_);
+  padded_vocab_ = pad_vocab(options.num_embeddings, n, options.pad_multiple);
+  range_ = shard_range(padded_vocab_, r, n);
+  weight_ = register_parameter("weight", init_shard({options.num_embeddings, options.embedding_dim},
+                                                    {0, options.num_embeddings}, padded_vocab_,
+                                                    normal(options.init, "weight"), r, n, options.tensor_options));
+}
+
+at::Tensor VocabParallelEmbedding::forward(const at::Tensor& tokens) {
+  return vocab_parallel_embedding(tokens, weight_, tp_, options_.reduce_scatter_output);
+}
+
+ShardSpecs VocabParallelEmbedding::shard_specs() const { return {{"weight", {0, options_.num_embeddings}}}; }
+
+// --- LayerNorm -------------------------------------------------------------------------------
+
+LayerNorm::LayerNorm(const LayerNormOptions& options) : options_(options) {
+  divided(options.dim, nullptr, "dim", "LayerNorm");
+  weight_ = register_parameter("weight", init_shard({options.dim}, {}, 0, kOnes, 0, 1, options.tensor_options));
+  bias_ = register_parameter("bias", init_shard({options.dim}, {}, 0, kZeros, 0, 1, options.tensor_options));
+}
+
+at::Tensor LayerNorm::forward(const at::Tensor& x) {
+  return at::layer_norm(x, {options_.dim}, weight_, bias_, options_.eps);
+}
+
+ShardSpecs LayerNorm::shard_specs() const {
+  const ShardSpec s{.tp_partial_grad = options_.sequence_parallel};
+  return {{"weight", s}, {"bias", s}};
+}
+
+}  // namespace torus::tp

@@ -1,0 +1,17 @@
+# The reference GPT: single-process unit tests, and the correctness contract
+# (every parallel layout trains like one process) under mpirun.
+add_executable(torus_gpt_tests ${CMAKE_CURRENT_LIST_DIR}/gpt_test.cpp)
+target_link_libraries(torus_gpt_tests PRIVATE torus_test_main torus)
+torus_add_test(NAME gpt_unit TARGET torus_gpt_tests LABELS "models" TIMEOUT 180)
+
+add_executable(torus_gpt_contract ${CMAKE_CURRENT_LIST_DIR}/gpt_layouts_test.cpp)
+target_link_libraries(torus_gpt_contract PRIVATE torus_test_main torus)
+# layout:ranks — TORUS_TEST_LAYOUT names the mesh; NP must equal dp x tp.
+foreach(_case single:1 dp2:2 dp3:3 tp2:2 tp2,sp:2 tp2,dp2:4 tp4:4 tp2,dp2,sp:4)
+  string(REPLACE ":" ";" _pair "${_case}")
+  list(GET _pair 0 _layout)
+  list(GET _pair 1 _np)
+  string(REPLACE "," "_" _name "${_layout}")
+  torus_add_mpi_test(NAME gpt_contract_${_name} TARGET torus_gpt_contract NP ${_np}
+                     ENV TORUS_TEST_LAYOUT=${_layout} LABELS "models;contract" TIMEOUT 300)
+endforeach()

@@ -1,0 +1,21 @@
+# Tensor/sequence-parallel layers and the data-parallel wrapper, on 1-4 ranks.
+add_executable(torus_tp_tests ${CMAKE_CURRENT_LIST_DIR}/tp_layers_test.cpp)
+target_link_libraries(torus_tp_tests PRIVATE torus_test_main torus)
+foreach(_np 1 2 3 4)
+  torus_add_mpi_test(NAME tp_layers_np${_np} TARGET torus_tp_tests NP ${_np} LABELS "parallel" TIMEOUT 240)
+endforeach()
+
+add_executable(torus_dp_tests ${CMAKE_CURRENT_LIST_DIR}/ddp_test.cpp)
+target_link_libraries(torus_dp_tests PRIVATE torus_test_main torus)
+foreach(_np 1 2 3 4)
+  torus_add_mpi_test(NAME ddp_np${_np} TARGET torus_dp_tests NP ${_np} LABELS "parallel" TIMEOUT 240)
+endforeach()
+
+# pytest tests of torus.parallel / torus.models, on every rank under mpirun.
+if(TORUS_BUILD_PYTHON)
+  foreach(_np 1 2 4)
+    torus_add_mpi_test(NAME python_parallel_np${_np} NP ${_np} LABELS "python;parallel" TIMEOUT 300
+                       COMMAND ${PROJECT_SOURCE_DIR}/tests/python/run_pytest.sh ${TORUS_PYTHON_EXECUTABLE} ${PROJECT_BINARY_DIR}/python
+                               ${PROJECT_SOURCE_DIR}/tests/python/test_parallel.py)
+  endforeach()
+endif()
