@@ -49,7 +49,7 @@ using Clock = std::chrono::steady_clock;
 struct Options {
   std::string mode = "dp";  // dp | dp-nosync | tp | single
   int64_t layers = 4, hidden = 256, heads = 8, seq = 128, vocab = 8192;
-  int64_t batch = 8;        // global batch in sequences
+  int64_t batch = 8;  // global batch in sequences
   int steps = 10, warmup = 3, threads = 1;
   double bucket_mb = 25.0;
   bool sp = false;
@@ -73,21 +73,36 @@ Options parse(int argc, char** argv) {
       if (i + 1 >= argc) usage(("missing value for " + a).c_str());
       return argv[++i];
     };
-    if (a == "--mode") o.mode = value();
-    else if (a == "--layers") o.layers = std::stoll(value());
-    else if (a == "--hidden") o.hidden = std::stoll(value());
-    else if (a == "--heads") o.heads = std::stoll(value());
-    else if (a == "--seq") o.seq = std::stoll(value());
-    else if (a == "--vocab") o.vocab = std::stoll(value());
-    else if (a == "--batch") o.batch = std::stoll(value());
-    else if (a == "--steps") o.steps = std::stoi(value());
-    else if (a == "--warmup") o.warmup = std::stoi(value());
-    else if (a == "--threads") o.threads = std::stoi(value());
-    else if (a == "--bucket-mb") o.bucket_mb = std::stod(value());
-    else if (a == "--sp") o.sp = true;
-    else if (a == "--json") o.json = value();
-    else if (a == "--help" || a == "-h") usage("");
-    else usage(("unknown option " + a).c_str());
+    if (a == "--mode")
+      o.mode = value();
+    else if (a == "--layers")
+      o.layers = std::stoll(value());
+    else if (a == "--hidden")
+      o.hidden = std::stoll(value());
+    else if (a == "--heads")
+      o.heads = std::stoll(value());
+    else if (a == "--seq")
+      o.seq = std::stoll(value());
+    else if (a == "--vocab")
+      o.vocab = std::stoll(value());
+    else if (a == "--batch")
+      o.batch = std::stoll(value());
+    else if (a == "--steps")
+      o.steps = std::stoi(value());
+    else if (a == "--warmup")
+      o.warmup = std::stoi(value());
+    else if (a == "--threads")
+      o.threads = std::stoi(value());
+    else if (a == "--bucket-mb")
+      o.bucket_mb = std::stod(value());
+    else if (a == "--sp")
+      o.sp = true;
+    else if (a == "--json")
+      o.json = value();
+    else if (a == "--help" || a == "-h")
+      usage("");
+    else
+      usage(("unknown option " + a).c_str());
   }
   if (o.mode != "dp" && o.mode != "dp-nosync" && o.mode != "tp" && o.mode != "single") {
     usage("--mode must be dp, dp-nosync, tp or single");
@@ -104,7 +119,9 @@ at::Tensor batch_tokens(const Options& o, int step) {
   return d;
 }
 
-double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+double seconds(Clock::duration d) {
+  return std::chrono::duration<double>(d).count();
+}
 
 }  // namespace
 
@@ -206,16 +223,16 @@ int main(int argc, char** argv) {
                   "\"step_ms_mean\": %.3f, \"step_ms_median\": %.3f, \"tokens_per_s\": %.1f, \"loss_first\": %.6f, "
                   "\"loss_last\": %.6f, \"loss0_rel_diff\": %.3e, \"replica_diff\": %.3e, \"buckets\": %zu, "
                   "\"buckets_overlapped\": %lld, \"verified\": %s}",
-                  o.mode.c_str(), o.sp ? "+sp" : "", n, o.threads, dp, tpn, (long long)o.layers,
-                  (long long)o.hidden, (long long)o.heads, (long long)o.seq, (long long)o.vocab, (long long)o.batch,
-                  (long long)params, o.steps, o.warmup, wall, 1e3 * wall / o.steps, median_ms, tps,
-                  l[0].item<double>(), l[l.size(0) - 1].item<double>(), loss0_diff, replica_diff,
-                  ddp ? ddp->buckets().size() : size_t{0}, (long long)stats.buckets_started_in_backward,
-                  verified ? "true" : "false");
+                  o.mode.c_str(), o.sp ? "+sp" : "", n, o.threads, dp, tpn, (long long)o.layers, (long long)o.hidden,
+                  (long long)o.heads, (long long)o.seq, (long long)o.vocab, (long long)o.batch, (long long)params,
+                  o.steps, o.warmup, wall, 1e3 * wall / o.steps, median_ms, tps, l[0].item<double>(),
+                  l[l.size(0) - 1].item<double>(), loss0_diff, replica_diff, ddp ? ddp->buckets().size() : size_t{0},
+                  (long long)stats.buckets_started_in_backward, verified ? "true" : "false");
     std::printf("%s\n", line);
     if (!o.json.empty()) std::ofstream(o.json) << line << "\n";
     if (!verified) {
-      std::fprintf(stderr, "torus-bench-train: verification FAILED (finite %d, step-0 loss diff %.3e, replica diff %.3e)\n",
+      std::fprintf(stderr,
+                   "torus-bench-train: verification FAILED (finite %d, step-0 loss diff %.3e, replica diff %.3e)\n",
                    finite, loss0_diff, replica_diff);
     }
   }

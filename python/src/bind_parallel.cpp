@@ -28,7 +28,9 @@ namespace {
 using comm::ProcessGroupPtr;
 using Release = py::call_guard<py::gil_scoped_release>;
 
-at::Tensor opt(const std::optional<at::Tensor>& t) { return t ? *t : at::Tensor(); }
+at::Tensor opt(const std::optional<at::Tensor>& t) {
+  return t ? *t : at::Tensor();
+}
 
 tp::InitSpec::Kind init_kind(const std::string& kind) {
   if (kind == "normal") return tp::InitSpec::Kind::kNormal;
@@ -107,7 +109,8 @@ void bind_tp(py::module_& m) {
                                                               "The dropout streams of one model replica.")
       .def(py::init<uint64_t, int, c10::Device, int>(), py::arg("seed"), py::arg("tp_rank"),
            py::arg("device") = c10::Device(c10::kCPU), py::arg("stage") = 0)
-      .def("generator", [](tp::RngTracker& t, tp::RngRegion r) { return t.generator(r); }, py::arg("region"))
+      .def(
+          "generator", [](tp::RngTracker& t, tp::RngRegion r) { return t.generator(r); }, py::arg("region"))
       .def("get_state",
            [](const tp::RngTracker& t) {
              auto s = t.get_state();
@@ -130,15 +133,14 @@ void bind_dp(py::module_& m) {
   py::class_<DDP, std::shared_ptr<DDP>>(dp, "DistributedDataParallel",
                                         "Gradient buckets reduced from backward hooks; see torus/parallel/data/ddp.h.")
       .def(py::init([](const std::vector<std::tuple<std::string, at::Tensor, int, int64_t, bool>>& params,
-                       const parallel::ParallelGroups& groups, int64_t bucket_cap_bytes,
-                       int64_t first_bucket_cap_bytes, bool average, bool overlap, bool finish_in_backward,
-                       bool broadcast_parameters) {
+                       const parallel::ParallelGroups& groups, int64_t bucket_cap_bytes, int64_t first_bucket_cap_bytes,
+                       bool average, bool overlap, bool finish_in_backward, bool broadcast_parameters) {
              std::vector<dp::NamedParameter> named;
              for (const auto& [name, tensor, dim, full_size, partial] : params) {
                named.push_back({name, tensor, {dim, full_size, partial}});
              }
-             dp::DDPOptions o{bucket_cap_bytes, first_bucket_cap_bytes, average, overlap, finish_in_backward,
-                              broadcast_parameters};
+             dp::DDPOptions o{bucket_cap_bytes, first_bucket_cap_bytes, average,
+                              overlap,          finish_in_backward,     broadcast_parameters};
              py::gil_scoped_release release;
              return std::make_shared<DDP>(std::move(named), groups, o);
            }),
@@ -209,7 +211,8 @@ void bind_models(py::module_& m) {
            py::arg("groups") = parallel::ParallelGroups{})
       .def("forward", &models::GPT::forward, py::arg("tokens"), Release())
       .def("loss", &models::GPT::loss, py::arg("tokens"), py::arg("labels"), Release())
-      .def("train", [](models::GPT& g, bool on) { g.train(on); }, py::arg("mode") = true)
+      .def(
+          "train", [](models::GPT& g, bool on) { g.train(on); }, py::arg("mode") = true)
       .def("eval", [](models::GPT& g) { g.eval(); })
       .def("named_parameters", [](const models::GPT& g) {
         py::dict out;

@@ -12,13 +12,16 @@
 #include "core/log.h"
 #include "torus/parallel/tensor/cross_entropy.h"
 #include "torus/parallel/tensor/mappings.h"
+#include "torus/parallel/pipeline/partition.h"
 
 namespace torus::models {
 namespace {
 
 using tp::RngRegion;
 
-at::TensorOptions tensor_options(const GPTConfig& c) { return at::TensorOptions().dtype(c.dtype).device(c.device); }
+at::TensorOptions tensor_options(const GPTConfig& c) {
+  return at::TensorOptions().dtype(c.dtype).device(c.device);
+}
 
 // Seeds are named after the parameter's place in the full model, never after
 // the layout (Note [Layout-independent init]).
@@ -28,7 +31,9 @@ tp::ParamInit param_init(const GPTConfig& c, const std::string& name, double std
 constexpr const char* kWordEmbedding = "embedding.word";
 
 // Dropout on the hidden states: replicated over TP unless sequence parallel.
-RngRegion hidden_region(const GPTConfig& c) { return c.sequence_parallel ? RngRegion::kSharded : RngRegion::kReplicated; }
+RngRegion hidden_region(const GPTConfig& c) {
+  return c.sequence_parallel ? RngRegion::kSharded : RngRegion::kReplicated;
+}
 
 }  // namespace
 
@@ -36,8 +41,8 @@ RngRegion hidden_region(const GPTConfig& c) { return c.sequence_parallel ? RngRe
 
 void GPTConfig::validate(int tp_size) const {
   TORUS_CHECK(tp_size >= 1, InvalidArgument, "GPT: tensor-parallel size must be >= 1, got {}", tp_size);
-  TORUS_CHECK(vocab_size >= 1 && max_seq_len >= 1 && num_layers >= 1 && hidden >= 1 && num_heads >= 1 &&
-                  ffn() >= 1 && vocab_pad_multiple >= 1,
+  TORUS_CHECK(vocab_size >= 1 && max_seq_len >= 1 && num_layers >= 1 && hidden >= 1 && num_heads >= 1 && ffn() >= 1 &&
+                  vocab_pad_multiple >= 1,
               InvalidArgument,
               "GPT: sizes must be >= 1 (vocab {}, max_seq_len {}, layers {}, hidden {}, heads {}, ffn {}, vocab pad "
               "multiple {})",
@@ -47,8 +52,8 @@ void GPTConfig::validate(int tp_size) const {
   TORUS_CHECK(num_heads % tp_size == 0, InvalidArgument,
               "GPT: num_heads {} is not divisible by the tensor-parallel size {} (heads are split over TP)", num_heads,
               tp_size);
-  TORUS_CHECK(ffn() % tp_size == 0, InvalidArgument, "GPT: ffn_hidden {} is not divisible by the tensor-parallel size {}",
-              ffn(), tp_size);
+  TORUS_CHECK(ffn() % tp_size == 0, InvalidArgument,
+              "GPT: ffn_hidden {} is not divisible by the tensor-parallel size {}", ffn(), tp_size);
   TORUS_CHECK(dropout >= 0 && dropout < 1 && attention_dropout >= 0 && attention_dropout < 1, InvalidArgument,
               "GPT: dropout {} and attention_dropout {} must be in [0, 1)", dropout, attention_dropout);
   TORUS_CHECK(at::isFloatingType(dtype), InvalidArgument, "GPT: dtype {} is not floating point", c10::toString(dtype));
@@ -58,8 +63,8 @@ void GPTConfig::validate_sequence(int64_t seq_len, int tp_size) const {
   TORUS_CHECK(seq_len >= 1 && seq_len <= max_seq_len, InvalidArgument,
               "GPT: sequence length {} must be in [1, max_seq_len = {}]", seq_len, max_seq_len);
   TORUS_CHECK(!sequence_parallel || seq_len % tp_size == 0, InvalidArgument,
-              "GPT: sequence parallelism needs the sequence length {} divisible by the tensor-parallel size {}", seq_len,
-              tp_size);
+              "GPT: sequence parallelism needs the sequence length {} divisible by the tensor-parallel size {}",
+              seq_len, tp_size);
 }
 
 GPTConfig GPTConfig::tiny() {
@@ -82,7 +87,9 @@ GPTConfig GPTConfig::small() {
   return c;
 }
 
-GPTConfig GPTConfig::gpt2() { return GPTConfig{}; }
+GPTConfig GPTConfig::gpt2() {
+  return GPTConfig{};
+}
 
 // --- embedding ---------------------------------------------------------------------
 
@@ -97,11 +104,10 @@ GPTEmbedding::GPTEmbedding(const GPTConfig& config, const parallel::ParallelGrou
   o.init = param_init(config, kWordEmbedding, config.init_std);
   o.tensor_options = tensor_options(config);
   word_ = register_module("word", std::make_shared<tp::VocabParallelEmbedding>(o, tp_));
-  position_ = register_parameter(
-      "position", tp::init_shard({config.max_seq_len, config.hidden}, {}, 0,
-                                 {tp::InitSpec::Kind::kNormal, config.init_std,
-                                  tp::derive_seed(config.seed, "embedding.position")},
-                                 0, 1, tensor_options(config)));
+  position_ = register_parameter("position", tp::init_shard({config.max_seq_len, config.hidden}, {}, 0,
+                                                            {tp::InitSpec::Kind::kNormal, config.init_std,
+                                                             tp::derive_seed(config.seed, "embedding.position")},
+                                                            0, 1, tensor_options(config)));
 }
 
 at::Tensor GPTEmbedding::forward(const at::Tensor& tokens) {
@@ -119,9 +125,8 @@ at::Tensor GPTEmbedding::forward(const at::Tensor& tokens) {
   // Sequence-first from here on; with SP the sum over TP is reduce-scattered
   // so each rank keeps seq/tp positions.
   at::Tensor x = word_->forward(tokens.t().contiguous());  // [s(/tp), b, h]
-  at::Tensor pos = config_.sequence_parallel
-                       ? position_.narrow(0, parallel::group_rank(tp_) * (seq / n), seq / n)
-                       : position_.narrow(0, 0, seq);
+  at::Tensor pos = config_.sequence_parallel ? position_.narrow(0, parallel::group_rank(tp_) * (seq / n), seq / n)
+                                             : position_.narrow(0, 0, seq);
   x = x + pos.unsqueeze(1);
   return tp::dropout(x, config_.dropout, is_training(), rng_->generator(hidden_region(config_)));
 }
@@ -142,24 +147,28 @@ GPTBlock::GPTBlock(const GPTConfig& config, int64_t layer, const parallel::Paral
   const double out_std = config.init_std / std::sqrt(2.0 * static_cast<double>(config.num_layers));
   local_heads_ = config.num_heads / parallel::group_size(tp_);
 
-  ln1_ = register_module("ln1", std::make_shared<tp::LayerNorm>(tp::LayerNormOptions{config.hidden, config.layernorm_eps, sp, opts}));
-  ln2_ = register_module("ln2", std::make_shared<tp::LayerNorm>(tp::LayerNormOptions{config.hidden, config.layernorm_eps, sp, opts}));
+  ln1_ = register_module(
+      "ln1", std::make_shared<tp::LayerNorm>(tp::LayerNormOptions{config.hidden, config.layernorm_eps, sp, opts}));
+  ln2_ = register_module(
+      "ln2", std::make_shared<tp::LayerNorm>(tp::LayerNormOptions{config.hidden, config.layernorm_eps, sp, opts}));
   // Note [QKV layout]: rows ordered [head][q|k|v][head_dim], so a TP slice is whole heads.
-  qkv_ = register_module("qkv", std::make_shared<tp::ColumnParallelLinear>(
-                                    tp::ColumnParallelLinearOptions{config.hidden, 3 * config.hidden, false, false, sp,
-                                                                    param_init(config, prefix + "qkv", config.init_std), opts},
-                                    tp_));
-  qv_bias_ = register_parameter(
-      "qv_bias", tp::init_shard({config.num_heads, 2, config.head_dim()}, {0}, config.num_heads,
-                                {tp::InitSpec::Kind::kZeros}, parallel::group_rank(tp_), parallel::group_size(tp_), opts));
+  qkv_ = register_module("qkv",
+                         std::make_shared<tp::ColumnParallelLinear>(
+                             tp::ColumnParallelLinearOptions{config.hidden, 3 * config.hidden, false, false, sp,
+                                                             param_init(config, prefix + "qkv", config.init_std), opts},
+                             tp_));
+  qv_bias_ = register_parameter("qv_bias", tp::init_shard({config.num_heads, 2, config.head_dim()}, {0},
+                                                          config.num_heads, {tp::InitSpec::Kind::kZeros},
+                                                          parallel::group_rank(tp_), parallel::group_size(tp_), opts));
   proj_ = register_module("proj", std::make_shared<tp::RowParallelLinear>(
                                       tp::RowParallelLinearOptions{config.hidden, config.hidden, true, true, sp,
                                                                    param_init(config, prefix + "proj", out_std), opts},
                                       tp_));
-  fc1_ = register_module("fc1", std::make_shared<tp::ColumnParallelLinear>(
-                                    tp::ColumnParallelLinearOptions{config.hidden, config.ffn(), true, false, sp,
-                                                                    param_init(config, prefix + "fc1", config.init_std), opts},
-                                    tp_));
+  fc1_ = register_module("fc1",
+                         std::make_shared<tp::ColumnParallelLinear>(
+                             tp::ColumnParallelLinearOptions{config.hidden, config.ffn(), true, false, sp,
+                                                             param_init(config, prefix + "fc1", config.init_std), opts},
+                             tp_));
   fc2_ = register_module("fc2", std::make_shared<tp::RowParallelLinear>(
                                     tp::RowParallelLinearOptions{config.ffn(), config.hidden, true, true, sp,
                                                                  param_init(config, prefix + "fc2", out_std), opts},
@@ -198,15 +207,17 @@ at::Tensor GPTBlock::forward(const at::Tensor& hidden) {
   return x + tp::dropout(m, config_.dropout, train, gen);
 }
 
-tp::ShardSpecs GPTBlock::shard_specs() const { return {{"qv_bias", {0}}}; }
+tp::ShardSpecs GPTBlock::shard_specs() const {
+  return {{"qv_bias", {0}}};
+}
 
 // --- head ----------------------------------------------------------------------------------
 
 GPTHead::GPTHead(const GPTConfig& config, const parallel::ParallelGroups& groups, const at::Tensor& tied_weight)
     : config_(config), tp_(groups.tp) {
   const auto opts = tensor_options(config);
-  ln_f_ = register_module("ln_f", std::make_shared<tp::LayerNorm>(
-                                      tp::LayerNormOptions{config.hidden, config.layernorm_eps, config.sequence_parallel, opts}));
+  ln_f_ = register_module("ln_f", std::make_shared<tp::LayerNorm>(tp::LayerNormOptions{
+                                      config.hidden, config.layernorm_eps, config.sequence_parallel, opts}));
   if (tied_weight.defined()) {
     output_ = tied_weight;
   } else {
@@ -214,7 +225,8 @@ GPTHead::GPTHead(const GPTConfig& config, const parallel::ParallelGroups& groups
     // a copy with the embedding's initial value.
     const int n = parallel::group_size(tp_);
     const int64_t padded = tp::pad_vocab(config.vocab_size, n, config.vocab_pad_multiple);
-    const tp::ParamInit init = param_init(config, config.tie_embeddings ? kWordEmbedding : "head.output", config.init_std);
+    const tp::ParamInit init =
+        param_init(config, config.tie_embeddings ? kWordEmbedding : "head.output", config.init_std);
     output_ = register_parameter(
         "output", tp::init_shard({config.vocab_size, config.hidden}, {0, config.vocab_size}, padded,
                                  {tp::InitSpec::Kind::kNormal, init.std, tp::derive_seed(init.seed, "weight")},
@@ -259,7 +271,8 @@ GPT::GPT(const GPTConfig& config, const parallel::ParallelGroups& groups, const 
   if (last > part.first_layer) {
     auto blocks = register_module("blocks", std::make_shared<torch::nn::Module>());
     for (int64_t i = part.first_layer; i < last; ++i) {
-      blocks_.push_back(blocks->register_module(std::to_string(i), std::make_shared<GPTBlock>(config, i, groups, rng_)));
+      blocks_.push_back(
+          blocks->register_module(std::to_string(i), std::make_shared<GPTBlock>(config, i, groups, rng_)));
     }
   }
   if (part.head) {
@@ -283,6 +296,74 @@ at::Tensor GPT::loss(const at::Tensor& input, const at::Tensor& labels) {
                 fmt::join(labels.sizes(), ", "));
   }
   return head_->loss(forward(input), labels);
+}
+
+// --- pipeline cuts -----------------------------------------------------------------
+
+std::vector<double> gpt_item_costs(const GPTConfig& config, int64_t seq_len) {
+  const double h = static_cast<double>(config.hidden), s = static_cast<double>(seq_len);
+  const double v = static_cast<double>(config.vocab_size);
+  std::vector<double> costs;
+  costs.reserve(config.num_layers + 2);
+  costs.push_back(h);
+  for (int64_t l = 0; l < config.num_layers; ++l) {
+    costs.push_back(2.0 * (3 * h * h + h * h + 2.0 * h * config.ffn()) + 4.0 * s * h);
+  }
+  costs.push_back(2.0 * h * v + 5.0 * v);
+  return costs;
+}
+
+std::vector<GPTPart> gpt_stage_parts(const GPTConfig& config, int num_stages, int64_t seq_len,
+                                     const std::vector<int64_t>& layers_per_stage) {
+  TORUS_CHECK(num_stages >= 1, InvalidArgument, "gpt_stage_parts: num_stages must be >= 1, got {}", num_stages);
+  const int64_t L = config.num_layers;
+  std::vector<GPTPart> parts(num_stages);
+  if (!layers_per_stage.empty()) {
+    TORUS_CHECK(static_cast<int>(layers_per_stage.size()) == num_stages, InvalidArgument,
+                "GPT pipeline: {} layer counts given for {} stages", layers_per_stage.size(), num_stages);
+    int64_t first = 0;
+    for (int s = 0; s < num_stages; ++s) {
+      const int64_t n = layers_per_stage[s];
+      TORUS_CHECK(n >= 0, InvalidArgument, "GPT pipeline: stage {} has {} layers", s, n);
+      TORUS_CHECK(n > 0 || s == 0 || s == num_stages - 1, InvalidArgument,
+                  "GPT pipeline: stage {} of {} would be empty (0 layers; only the first and last stages hold "
+                  "the embedding or the head)",
+                  s, num_stages);
+      parts[s] = GPTPart{s == 0, first, n, s == num_stages - 1};
+      first += n;
+    }
+    TORUS_CHECK(first == L, InvalidArgument, "GPT pipeline: the layer counts per stage sum to {}, the model has {}",
+                first, L);
+    return parts;
+  }
+  TORUS_CHECK(L + 2 >= num_stages, InvalidArgument,
+              "GPT pipeline: {} layers plus embedding and head cannot fill {} stages", L, num_stages);
+  if (num_stages == 1) return {GPTPart{true, 0, L, true}};
+  const pp::Partition cut = pp::partition_balanced(gpt_item_costs(config, seq_len), num_stages);
+  for (int s = 0; s < num_stages; ++s) {
+    // Items [b, e): item 0 is the embedding, item L+1 the head, item i the block i-1.
+    const int64_t b = cut.begin(s), e = cut.end(s);
+    GPTPart part;
+    part.embedding = b == 0;
+    part.head = e == L + 2;
+    part.first_layer = std::max<int64_t>(b, 1) - 1;
+    part.num_layers = std::min<int64_t>(e, L + 1) - 1 - part.first_layer;
+    parts[s] = part;
+  }
+  return parts;
+}
+
+std::string describe_part(const GPTPart& part, int64_t num_layers) {
+  std::string out;
+  if (part.embedding) out = "embedding";
+  const int64_t n = part.num_layers < 0 ? num_layers - part.first_layer : part.num_layers;
+  if (n > 0) {
+    if (!out.empty()) out += " + ";
+    out += n == 1 ? "block " + std::to_string(part.first_layer)
+                  : "blocks " + std::to_string(part.first_layer) + "-" + std::to_string(part.first_layer + n - 1);
+  }
+  if (part.head) out += out.empty() ? "head" : " + head";
+  return out.empty() ? "(empty)" : out;
 }
 
 }  // namespace torus::models

@@ -70,7 +70,8 @@ struct Trained {
 // A learnable stream: random first tokens, then t' = (3 t + 7) mod vocab.
 at::Tensor batch(const GPTConfig& config, int step) {
   at::Tensor data = testing::same_tokens({kBatch, config.max_seq_len + 1}, config.vocab_size, 100 + step);
-  for (int64_t i = 1; i < data.size(1); ++i) data.select(1, i).copy_((data.select(1, i - 1) * 3 + 7) % config.vocab_size);
+  for (int64_t i = 1; i < data.size(1); ++i)
+    data.select(1, i).copy_((data.select(1, i - 1) * 3 + 7) % config.vocab_size);
   return data;
 }
 
@@ -170,14 +171,18 @@ TEST(GPTDropout, FollowsTheRngRule) {
       EXPECT_TRUE(at::equal(all_hidden[q], hidden)) << "replicated hidden states differ on TP rank " << q;
     } else if (q != tp->rank()) {
       // Same shape, independent masks: the dropped positions differ.
-      EXPECT_FALSE(at::equal(all_embedded[q].eq(0), embedded.eq(0))) << "TP ranks " << q << " and " << tp->rank()
-                                                                      << " drew the same sequence-parallel mask";
+      EXPECT_FALSE(at::equal(all_embedded[q].eq(0), embedded.eq(0)))
+          << "TP ranks " << q << " and " << tp->rank() << " drew the same sequence-parallel mask";
     }
   }
 }
 
-TEST(GPTContract, Float32) { check_contract(at::kFloat, 1e-5, 1e-4); }
-TEST(GPTContract, Float64) { check_contract(at::kDouble, 1e-10, 1e-10); }
+TEST(GPTContract, Float32) {
+  check_contract(at::kFloat, 1e-5, 1e-4);
+}
+TEST(GPTContract, Float64) {
+  check_contract(at::kDouble, 1e-10, 1e-10);
+}
 
 }  // namespace
 }  // namespace torus::models

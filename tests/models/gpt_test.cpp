@@ -3,6 +3,8 @@
 // parts that compose to the whole model, vocabulary padding that never
 // changes the loss, layout-independent initialisation (TP shards built
 // without communication are slices of the TP=1 weights), and dropout.
+#include "torus/models/gpt.h"
+
 #include <ATen/Functions.h>
 #include <ATen/TensorOperators.h>
 #include <gtest/gtest.h>
@@ -10,7 +12,6 @@
 #include <cmath>
 
 #include "parallel/parallel_test_util.h"
-#include "torus/models/gpt.h"
 #include "torus/parallel/tensor/sharding.h"
 
 namespace torus::models {

@@ -6,13 +6,14 @@
 //
 // Each rank takes its slice of a global batch that every rank can build; the
 // reference is the same model trained on the whole batch in one process.
+#include "torus/parallel/data/ddp.h"
+
 #include <ATen/Functions.h>
 #include <ATen/TensorOperators.h>
 #include <gtest/gtest.h>
 #include <torch/nn/module.h>
 
 #include "parallel/parallel_test_util.h"
-#include "torus/parallel/data/ddp.h"
 #include "torus/parallel/tensor/layers.h"
 #include "torus/parallel/tensor/mappings.h"
 
@@ -55,9 +56,11 @@ TEST(BucketPlan, SeparatesKeysAndPads) {
 struct Mlp : torch::nn::Module {
   explicit Mlp(uint64_t seed) {
     unused = register_parameter("unused", at::ones({3}));  // registered first: reduced last
-    fc1 = register_module("fc1", std::make_shared<tp::ColumnParallelLinear>(tp::ColumnParallelLinearOptions{6, 16, true, false, false, {seed, 0.3}}, nullptr));
+    fc1 = register_module("fc1", std::make_shared<tp::ColumnParallelLinear>(
+                                     tp::ColumnParallelLinearOptions{6, 16, true, false, false, {seed, 0.3}}, nullptr));
     ln = register_module("ln", std::make_shared<tp::LayerNorm>(tp::LayerNormOptions{16}));
-    fc2 = register_module("fc2", std::make_shared<tp::RowParallelLinear>(tp::RowParallelLinearOptions{16, 4, true, true, false, {seed + 1, 0.3}}, nullptr));
+    fc2 = register_module("fc2", std::make_shared<tp::RowParallelLinear>(
+                                     tp::RowParallelLinearOptions{16, 4, true, true, false, {seed + 1, 0.3}}, nullptr));
   }
   // Mean over samples of sum(y^2): rows of x are samples.
   at::Tensor loss(const at::Tensor& x) {
@@ -70,7 +73,9 @@ struct Mlp : torch::nn::Module {
   std::shared_ptr<tp::RowParallelLinear> fc2;
 };
 
-at::Tensor local_rows(const at::Tensor& global, int r, int n) { return global.chunk(n, 0)[r]; }
+at::Tensor local_rows(const at::Tensor& global, int r, int n) {
+  return global.chunk(n, 0)[r];
+}
 
 void expect_grads(const torch::nn::Module& got, const torch::nn::Module& want, double scale = 1.0) {
   auto w = want.named_parameters();
@@ -89,7 +94,8 @@ TEST(DDP, GradientsEqualFullBatchTraining) {
     SCOPED_TRACE(average ? "average" : "sum");
     auto model = std::make_shared<Mlp>(5);
     Mlp ref(5);
-    DistributedDataParallel ddp(model, groups, {.bucket_cap_bytes = 1, .first_bucket_cap_bytes = 1, .average = average});
+    DistributedDataParallel ddp(model, groups,
+                                {.bucket_cap_bytes = 1, .first_bucket_cap_bytes = 1, .average = average});
     at::Tensor x = same_randn({4 * n, 6}, 30);
     ref.loss(x).backward();
     model->loss(local_rows(x, r, n)).backward();  // finishes the sync at the end of backward

@@ -31,7 +31,8 @@ inline const parallel::ParallelGroups& mesh_groups(int dp, int tp) {
   static std::map<std::pair<int, int>, std::pair<std::shared_ptr<comm::DeviceMesh>, parallel::ParallelGroups>> cache;
   auto it = cache.find({dp, tp});
   if (it == cache.end()) {
-    auto mesh = std::make_shared<comm::DeviceMesh>(world(), std::vector<std::pair<std::string, int>>{{"dp", dp}, {"tp", tp}});
+    auto mesh =
+        std::make_shared<comm::DeviceMesh>(world(), std::vector<std::pair<std::string, int>>{{"dp", dp}, {"tp", tp}});
     it = cache.emplace(std::make_pair(dp, tp), std::make_pair(mesh, parallel::ParallelGroups::from_mesh(*mesh))).first;
   }
   return it->second.second;

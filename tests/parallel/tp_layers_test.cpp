@@ -41,10 +41,14 @@ std::vector<int> tp_sizes() {
 }
 
 // Rank r's block of x along dim (n equal blocks).
-at::Tensor block(const at::Tensor& x, int64_t dim, int r, int n) { return x.chunk(n, dim)[r]; }
+at::Tensor block(const at::Tensor& x, int64_t dim, int r, int n) {
+  return x.chunk(n, dim)[r];
+}
 
 // A gradient different on every TP rank, known to all (seed + rank).
-at::Tensor rank_randn(at::IntArrayRef shape, uint64_t seed, int r) { return same_randn(shape, seed + 1000 * r); }
+at::Tensor rank_randn(at::IntArrayRef shape, uint64_t seed, int r) {
+  return same_randn(shape, seed + 1000 * r);
+}
 
 TEST(Mappings, ForwardAndBackwardMatchTheirDefinitions) {
   for (int t : tp_sizes()) {
@@ -197,8 +201,8 @@ TEST(Layers, RowParallelLinearMatchesTorch) {
   for (int t : tp_sizes()) {
     for (bool sp : {false, true}) {
       for (bool parallel_in : {true, false}) {
-        SCOPED_TRACE("tp=" + std::to_string(t) + " sp=" + std::to_string(sp) + " parallel_in=" +
-                     std::to_string(parallel_in));
+        SCOPED_TRACE("tp=" + std::to_string(t) + " sp=" + std::to_string(sp) +
+                     " parallel_in=" + std::to_string(parallel_in));
         const auto& g = mesh_groups(world()->size() / t, t).tp;
         const int r = g->rank();
         RowParallelLinearOptions o{3 * t, 5, true, parallel_in, sp, {8, 0.3}};
@@ -271,8 +275,8 @@ TEST(CrossEntropy, MatchesTorchWithPaddingAndIgnoredTokens) {
       at::Tensor targets = testing::same_tokens({5, 3}, vocab, 28);
       targets[1][2] = -100;  // ignored
       at::Tensor lr = logits.clone().requires_grad_(true);
-      at::Tensor ref = at::cross_entropy_loss(lr.reshape({-1, vocab}), targets.reshape({-1}), {}, at::Reduction::None)
-                           .view({5, 3});
+      at::Tensor ref =
+          at::cross_entropy_loss(lr.reshape({-1, vocab}), targets.reshape({-1}), {}, at::Reduction::None).view({5, 3});
       at::Tensor dl = same_randn({5, 3}, 29);
       ref.backward(dl);
       // Padding columns hold huge values: they must not matter.

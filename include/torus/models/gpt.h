@@ -56,8 +56,8 @@ struct GPTConfig {
   int64_t num_layers = 12;
   int64_t hidden = 768;
   int64_t num_heads = 12;
-  int64_t ffn_hidden = 0;      // 0: 4 * hidden
-  double dropout = 0.0;        // embedding and residual dropout
+  int64_t ffn_hidden = 0;  // 0: 4 * hidden
+  double dropout = 0.0;    // embedding and residual dropout
   double attention_dropout = 0.0;
   double layernorm_eps = 1e-5;
   bool tie_embeddings = true;
@@ -93,10 +93,31 @@ struct GPTPart {
   bool head = true;
 };
 
+// ---- pipeline cuts -------------------------------------------------------------------
+//
+// The model as a sequence of items for pp::partition_balanced: item 0 is the
+// embedding, items 1..L the blocks, item L+1 the head. Costs are forward
+// FLOPs per token (the backward scales them alike): a block 24 h^2 + 4 s h
+// (QKV, projection, MLP; attention scores and values), the head 2 h V plus
+// the cross entropy, the embedding a lookup (h).
+std::vector<double> gpt_item_costs(const GPTConfig& config, int64_t seq_len);
+
+// The parts of `num_stages` pipeline stages: the embedding on stage 0, the
+// head on the last, blocks in order. `layers_per_stage` (one entry per stage,
+// each >= 0, summing to num_layers) fixes the block counts, uneven splits
+// allowed; empty: balanced by gpt_item_costs() (a stage may then hold only the
+// embedding or only the head). Throws InvalidArgument before any
+// communication when the model cannot be cut that way (fewer items than
+// stages, counts that do not sum to num_layers, an empty middle stage).
+std::vector<GPTPart> gpt_stage_parts(const GPTConfig& config, int num_stages, int64_t seq_len,
+                                     const std::vector<int64_t>& layers_per_stage = {});
+
+// "embedding + blocks 0-2", "blocks 3-5 + head".
+std::string describe_part(const GPTPart& part, int64_t num_layers);
+
 class GPTEmbedding : public torch::nn::Module, public tp::ShardedModule {
  public:
-  GPTEmbedding(const GPTConfig& config, const parallel::ParallelGroups& groups,
-               std::shared_ptr<tp::RngTracker> rng);
+  GPTEmbedding(const GPTConfig& config, const parallel::ParallelGroups& groups, std::shared_ptr<tp::RngTracker> rng);
   // tokens [b, s] int64 -> hidden [s, b, h] ([s/tp, b, h] with sequence parallelism).
   at::Tensor forward(const at::Tensor& tokens);
   tp::ShardSpecs shard_specs() const override;  // position table: partial grads under SP

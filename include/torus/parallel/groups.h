@@ -19,8 +19,12 @@
 namespace torus::parallel {
 
 // Size and rank of a possibly-null group (null: a group of one rank).
-inline int group_size(const comm::ProcessGroupPtr& g) { return g ? g->size() : 1; }
-inline int group_rank(const comm::ProcessGroupPtr& g) { return g ? g->rank() : 0; }
+inline int group_size(const comm::ProcessGroupPtr& g) {
+  return g ? g->size() : 1;
+}
+inline int group_rank(const comm::ProcessGroupPtr& g) {
+  return g ? g->rank() : 0;
+}
 
 struct ParallelGroups {
   comm::ProcessGroupPtr tp;     // tensor (and sequence) parallel group

@@ -150,8 +150,8 @@ void DistributedDataParallel::init(std::vector<NamedParameter> params) {
   }
   int64_t total = 0;
   for (const auto& b : buckets_) total += b.flat.numel();
-  TORUS_LOG_DEBUG("DDP: {} parameters in {} buckets ({} elements), {} not reduced (groups of one rank)",
-                  hooked.size(), buckets_.size(), total, unbucketed_.size());
+  TORUS_LOG_DEBUG("DDP: {} parameters in {} buckets ({} elements), {} not reduced (groups of one rank)", hooked.size(),
+                  buckets_.size(), total, unbucketed_.size());
   if (options_.broadcast_parameters) broadcast_parameters();
 }
 
@@ -254,8 +254,8 @@ void DistributedDataParallel::broadcast_parameters() {
   auto each = [&](const at::Tensor& param) {
     // A new TensorImpl over the parameter's storage: the Work must not hold a
     // tensor that may have a Python object (Note [Tensors from Python]).
-    at::Tensor t = at::empty({0}, param.options()).set_(param.storage(), param.storage_offset(), param.sizes(),
-                                                        param.strides());
+    at::Tensor t =
+        at::empty({0}, param.options()).set_(param.storage(), param.storage_offset(), param.sizes(), param.strides());
     if (t.is_contiguous()) {
       works.push_back(groups_.dp->broadcast(t));
     } else {

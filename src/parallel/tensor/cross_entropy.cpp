@@ -36,11 +36,11 @@ struct VocabParallelCrossEntropy : torch::autograd::Function<VocabParallelCrossE
     at::Tensor shifted = v - max.unsqueeze(1);
     at::Tensor exp = shifted.exp();
     at::Tensor in_range = (targets >= start).logical_and_(targets < start + valid);
-    at::Tensor local_target = (targets - start).clamp_(0, std::max<int64_t>(valid - 1, 0)).masked_fill_(
-        in_range.logical_not(), 0);
-    at::Tensor target_logit = valid > 0 ? shifted.gather(1, local_target.unsqueeze(1)).squeeze(1) *
-                                              in_range.to(shifted.scalar_type())
-                                        : at::zeros({logits.size(0)}, logits.options());
+    at::Tensor local_target =
+        (targets - start).clamp_(0, std::max<int64_t>(valid - 1, 0)).masked_fill_(in_range.logical_not(), 0);
+    at::Tensor target_logit =
+        valid > 0 ? shifted.gather(1, local_target.unsqueeze(1)).squeeze(1) * in_range.to(shifted.scalar_type())
+                  : at::zeros({logits.size(0)}, logits.options());
     // One all-reduce for both sums: [exp-sum; target logit].
     at::Tensor sums = at::stack({exp.sum(1), target_logit});
     if (parallel::group_size(g) > 1) g->all_reduce(sums)->wait();
@@ -86,7 +86,8 @@ at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits, const at::Tens
   TORUS_CHECK(targets.scalar_type() == at::kLong, InvalidArgument,
               "vocab_parallel_cross_entropy: targets must be int64, got {}", c10::toString(targets.scalar_type()));
   TORUS_CHECK(logits.dim() == targets.dim() + 1 && logits.sizes().slice(0, targets.dim()) == targets.sizes(),
-              InvalidArgument, "vocab_parallel_cross_entropy: logits [{}] do not match targets [{}] (expected [targets..., V/tp])",
+              InvalidArgument,
+              "vocab_parallel_cross_entropy: logits [{}] do not match targets [{}] (expected [targets..., V/tp])",
               fmt::join(logits.sizes(), ", "), fmt::join(targets.sizes(), ", "));
   const int64_t local = logits.size(-1);
   const int64_t padded = local * parallel::group_size(tp);
@@ -98,14 +99,14 @@ at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits, const at::Tens
   if (flat_targets.device().is_cpu() && flat_targets.numel() > 0) {
     // A target outside the vocabulary would silently score as "no target";
     // checked on CPU only, where it costs no device synchronisation.
-    at::Tensor bad = flat_targets.ne(options.ignore_index).logical_and_(
-        flat_targets.lt(0).logical_or_(flat_targets.ge(vocab)));
+    at::Tensor bad =
+        flat_targets.ne(options.ignore_index).logical_and_(flat_targets.lt(0).logical_or_(flat_targets.ge(vocab)));
     TORUS_CHECK(!bad.any().item<bool>(), InvalidArgument,
                 "vocab_parallel_cross_entropy: a target is outside [0, {}) and is not ignore_index {}", vocab,
                 options.ignore_index);
   }
-  at::Tensor loss = VocabParallelCrossEntropy::apply(logits.reshape({-1, local}), flat_targets, tp, vocab,
-                                                     options.ignore_index);
+  at::Tensor loss =
+      VocabParallelCrossEntropy::apply(logits.reshape({-1, local}), flat_targets, tp, vocab, options.ignore_index);
   return loss.view(targets.sizes());
 }
 

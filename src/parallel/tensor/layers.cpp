@@ -50,8 +50,8 @@ constexpr InitSpec kOnes{InitSpec::Kind::kOnes, 0.0, 0};
 at::Tensor column_parallel_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
                                   const comm::ProcessGroupPtr& tp, const ColumnParallelOptions& options) {
   check_features(x, weight, "column_parallel_linear");
-  at::Tensor input = options.sequence_parallel ? gather_from_sequence_region(x, tp, /*partial_grad=*/true)
-                                               : copy_to_tp_region(x, tp);
+  at::Tensor input =
+      options.sequence_parallel ? gather_from_sequence_region(x, tp, /*partial_grad=*/true) : copy_to_tp_region(x, tp);
   at::Tensor y = at::linear(input, weight, bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt);
   return options.gather_output ? gather_from_tp_region(y, tp) : y;
 }
@@ -77,8 +77,8 @@ at::Tensor row_parallel_linear(const at::Tensor& x, const at::Tensor& weight, co
   return bias.defined() ? y + bias : y;
 }
 
-at::Tensor vocab_parallel_embedding(const at::Tensor& tokens, const at::Tensor& weight,
-                                    const comm::ProcessGroupPtr& tp, bool reduce_scatter_output) {
+at::Tensor vocab_parallel_embedding(const at::Tensor& tokens, const at::Tensor& weight, const comm::ProcessGroupPtr& tp,
+                                    bool reduce_scatter_output) {
   TORUS_CHECK(tokens.defined() && tokens.scalar_type() == at::kLong, InvalidArgument,
               "vocab_parallel_embedding: tokens must be an int64 tensor");
   TORUS_CHECK(weight.defined() && weight.dim() == 2, InvalidArgument,
@@ -108,9 +108,9 @@ ColumnParallelLinear::ColumnParallelLinear(const ColumnParallelLinearOptions& op
   divided(options.in_features, nullptr, "in_features", name);
   divided(options.out_features, tp_, "out_features", name);
   const int r = group_rank(tp_), n = group_size(tp_);
-  weight_ = register_parameter("weight", init_shard({options.out_features, options.in_features}, {0},
-                                                    options.out_features, normal(options.init, "weight"), r, n,
-                                                    options.tensor_options));
+  weight_ =
+      register_parameter("weight", init_shard({options.out_features, options.in_features}, {0}, options.out_features,
+                                              normal(options.init, "weight"), r, n, options.tensor_options));
   if (options.bias) {
     bias_ = register_parameter(
         "bias", init_shard({options.out_features}, {0}, options.out_features, kZeros, r, n, options.tensor_options));
@@ -135,9 +135,9 @@ RowParallelLinear::RowParallelLinear(const RowParallelLinearOptions& options, co
   divided(options.in_features, tp_, "in_features", name);
   divided(options.out_features, nullptr, "out_features", name);
   const int r = group_rank(tp_), n = group_size(tp_);
-  weight_ = register_parameter("weight", init_shard({options.out_features, options.in_features}, {1},
-                                                    options.in_features, normal(options.init, "weight"), r, n,
-                                                    options.tensor_options));
+  weight_ =
+      register_parameter("weight", init_shard({options.out_features, options.in_features}, {1}, options.in_features,
+                                              normal(options.init, "weight"), r, n, options.tensor_options));
   if (options.bias) {
     bias_ = register_parameter("bias", init_shard({options.out_features}, {}, 0, kZeros, r, n, options.tensor_options));
   }
@@ -165,16 +165,18 @@ VocabParallelEmbedding::VocabParallelEmbedding(const VocabParallelEmbeddingOptio
   const int r = group_rank(tp_), n = group_size(tp_);
   padded_vocab_ = pad_vocab(options.num_embeddings, n, options.pad_multiple);
   range_ = shard_range(padded_vocab_, r, n);
-  weight_ = register_parameter("weight", init_shard({options.num_embeddings, options.embedding_dim},
-                                                    {0, options.num_embeddings}, padded_vocab_,
-                                                    normal(options.init, "weight"), r, n, options.tensor_options));
+  weight_ = register_parameter(
+      "weight", init_shard({options.num_embeddings, options.embedding_dim}, {0, options.num_embeddings}, padded_vocab_,
+                           normal(options.init, "weight"), r, n, options.tensor_options));
 }
 
 at::Tensor VocabParallelEmbedding::forward(const at::Tensor& tokens) {
   return vocab_parallel_embedding(tokens, weight_, tp_, options_.reduce_scatter_output);
 }
 
-ShardSpecs VocabParallelEmbedding::shard_specs() const { return {{"weight", {0, options_.num_embeddings}}}; }
+ShardSpecs VocabParallelEmbedding::shard_specs() const {
+  return {{"weight", {0, options_.num_embeddings}}};
+}
 
 // --- LayerNorm -------------------------------------------------------------------------------
 

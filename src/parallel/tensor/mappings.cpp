@@ -13,10 +13,10 @@
 namespace torus::tp {
 namespace {
 
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
 using parallel::group_rank;
 using parallel::group_size;
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
 
 int64_t wrap_dim(int64_t dim, const at::Tensor& x) {
   const int64_t n = x.dim();
@@ -36,8 +36,8 @@ at::Tensor comm_alias(const at::Tensor& t) {
 
 void check_divisible(const at::Tensor& x, int64_t dim, int n, const char* what) {
   TORUS_CHECK(x.size(dim) % n == 0, InvalidArgument,
-              "{}: dimension {} of size {} is not divisible by the group size {} (shape [{}])", what, dim,
-              x.size(dim), n, fmt::join(x.sizes(), ", "));
+              "{}: dimension {} of size {} is not divisible by the group size {} (shape [{}])", what, dim, x.size(dim),
+              n, fmt::join(x.sizes(), ", "));
 }
 
 // --- the mappings -------------------------------------------------------------------
@@ -100,8 +100,8 @@ struct GatherFromSequence : torch::autograd::Function<GatherFromSequence> {
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto g = detail::unpack_group(ctx->saved_data["g"]);
-    at::Tensor dx = ctx->saved_data["partial"].toBool() ? reduce_scatter_along(grads[0], 0, g)
-                                                        : split_along(grads[0], 0, g);
+    at::Tensor dx =
+        ctx->saved_data["partial"].toBool() ? reduce_scatter_along(grads[0], 0, g) : split_along(grads[0], 0, g);
     return {dx, at::Tensor(), at::Tensor()};
   }
 };

@@ -29,10 +29,10 @@ ShardSpecs collect_shard_specs(const torch::nn::Module& module) {
 }
 
 ShardRange shard_range(int64_t padded, int tp_rank, int tp_size) {
-  TORUS_CHECK(tp_size >= 1 && tp_rank >= 0 && tp_rank < tp_size, InvalidArgument, "shard_range: rank {} of {}",
-              tp_rank, tp_size);
-  TORUS_CHECK(padded % tp_size == 0, InvalidArgument, "size {} is not divisible by the tensor-parallel size {}",
-              padded, tp_size);
+  TORUS_CHECK(tp_size >= 1 && tp_rank >= 0 && tp_rank < tp_size, InvalidArgument, "shard_range: rank {} of {}", tp_rank,
+              tp_size);
+  TORUS_CHECK(padded % tp_size == 0, InvalidArgument, "size {} is not divisible by the tensor-parallel size {}", padded,
+              tp_size);
   const int64_t size = padded / tp_size;
   return {tp_rank * size, size};
 }
@@ -52,8 +52,12 @@ at::Tensor init_shard(at::IntArrayRef full_shape, const ShardSpec& spec, int64_t
   auto cpu = at::TensorOptions().dtype(dtype == at::kDouble ? at::kDouble : at::kFloat);
   at::Tensor full;
   switch (init.kind) {
-    case InitSpec::Kind::kZeros: full = at::zeros(full_shape, cpu); break;
-    case InitSpec::Kind::kOnes: full = at::ones(full_shape, cpu); break;
+    case InitSpec::Kind::kZeros:
+      full = at::zeros(full_shape, cpu);
+      break;
+    case InitSpec::Kind::kOnes:
+      full = at::ones(full_shape, cpu);
+      break;
     case InitSpec::Kind::kNormal: {
       at::Generator gen = make_generator(init.seed);
       full = at::empty(full_shape, cpu).normal_(0.0, init.std, gen);
@@ -85,7 +89,7 @@ at::Tensor gather_full(const at::Tensor& shard, const ShardSpec& spec, const com
 }
 
 std::map<std::string, at::Tensor> gather_full_parameters(const torch::nn::Module& module,
-                                                          const comm::ProcessGroupPtr& tp) {
+                                                         const comm::ProcessGroupPtr& tp) {
   const ShardSpecs specs = collect_shard_specs(module);
   std::map<std::string, at::Tensor> out;
   for (const auto& item : module.named_parameters()) {

@@ -52,22 +52,22 @@ std::vector<BucketPlan> plan_buckets(const std::vector<ParamDesc>& params, const
 
 struct BucketSlot {
   std::string name;
-  at::Tensor param;     // the parameter; param.grad() is a view of flat[offset : offset + numel]
+  at::Tensor param;  // the parameter; param.grad() is a view of flat[offset : offset + numel]
   int64_t offset = 0;
   int64_t numel = 0;
 };
 
 struct Bucket {
   int index = 0;
-  at::Tensor flat;               // the flat gradient buffer
+  at::Tensor flat;  // the flat gradient buffer
   std::vector<BucketSlot> slots;
-  comm::ProcessGroupPtr group;   // the ranks the gradients are reduced over
+  comm::ProcessGroupPtr group;  // the ranks the gradients are reduced over
   comm::ReduceOp op = comm::ReduceOp::kAvg;
-  double post_scale = 1.0;       // multiplies the result after the collective (1: none)
+  double post_scale = 1.0;  // multiplies the result after the collective (1: none)
 
   // Per-iteration state, owned by the wrapper.
-  int pending = 0;               // gradients not yet produced in this backward
-  comm::WorkPtr work;            // in-flight collective, if started
+  int pending = 0;     // gradients not yet produced in this backward
+  comm::WorkPtr work;  // in-flight collective, if started
 };
 
 // The collective step of a bucket. start() is called once per bucket per

@@ -134,10 +134,10 @@ class DistributedDataParallel {
   const std::vector<Bucket>& buckets() const { return buckets_; }
 
   struct Stats {
-    int64_t syncs = 0;                 // completed synchronisations
+    int64_t syncs = 0;                        // completed synchronisations
     int64_t buckets_started_in_backward = 0;  // started from hooks (overlapped)
-    int64_t buckets_started_late = 0;  // started by start/finish_grad_sync
-    int64_t grads_restored = 0;        // grads found replaced and copied back into a bucket
+    int64_t buckets_started_late = 0;         // started by start/finish_grad_sync
+    int64_t grads_restored = 0;               // grads found replaced and copied back into a bucket
   };
   Stats stats() const;
 
@@ -159,10 +159,10 @@ class DistributedDataParallel {
     int bucket = 0;
     int slot = 0;
   };
-  std::vector<SlotRef> slot_refs_;                          // by hook index
+  std::vector<SlotRef> slot_refs_;                                    // by hook index
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // kept alive (hooks live there)
   std::vector<uintptr_t> hook_keys_;
-  std::vector<at::Tensor> unbucketed_;                      // params reduced by nobody (groups of one)
+  std::vector<at::Tensor> unbucketed_;  // params reduced by nobody (groups of one)
 
   mutable std::mutex mu_;
   bool sync_enabled_ = true;

@@ -60,15 +60,15 @@ at::Tensor row_parallel_linear(const at::Tensor& x, const at::Tensor& weight, co
 // this rank's rows starting at tp_rank * weight.size(0). Returns tokens.shape
 // + [h], summed over TP; with `reduce_scatter_output` the sum is
 // reduce-scattered along dim 0 instead (tokens sequence-first [s, b] -> [s/tp, b, h]).
-at::Tensor vocab_parallel_embedding(const at::Tensor& tokens, const at::Tensor& weight,
-                                    const comm::ProcessGroupPtr& tp, bool reduce_scatter_output = false);
+at::Tensor vocab_parallel_embedding(const at::Tensor& tokens, const at::Tensor& weight, const comm::ProcessGroupPtr& tp,
+                                    bool reduce_scatter_output = false);
 
 // --- modules --------------------------------------------------------------------
 
 // Parameter initialisation shared by the layers (Note [Layout-independent init]).
 struct ParamInit {
-  uint64_t seed = 0;    // the layer's seed; each parameter derives its own from it
-  double std = 0.02;    // weights ~ N(0, std); biases start at zero
+  uint64_t seed = 0;  // the layer's seed; each parameter derives its own from it
+  double std = 0.02;  // weights ~ N(0, std); biases start at zero
 };
 
 struct ColumnParallelLinearOptions {
@@ -126,7 +126,7 @@ class RowParallelLinear : public torch::nn::Module, public ShardedModule {
 struct VocabParallelEmbeddingOptions {
   int64_t num_embeddings = 0;  // vocabulary size (unpadded)
   int64_t embedding_dim = 0;
-  int64_t pad_multiple = 1;    // pad the vocabulary to a multiple of pad_multiple * tp
+  int64_t pad_multiple = 1;            // pad the vocabulary to a multiple of pad_multiple * tp
   bool reduce_scatter_output = false;  // sequence parallelism (tokens sequence-first)
   ParamInit init;
   at::TensorOptions tensor_options = at::TensorOptions().dtype(at::kFloat);

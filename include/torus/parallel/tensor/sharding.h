@@ -86,6 +86,6 @@ at::Tensor gather_full(const at::Tensor& shard, const ShardSpec& spec, const com
 // Full tensors of every parameter of `module`, by name, detached. Collective
 // over `tp` (same order on every rank).
 std::map<std::string, at::Tensor> gather_full_parameters(const torch::nn::Module& module,
-                                                          const comm::ProcessGroupPtr& tp);
+                                                         const comm::ProcessGroupPtr& tp);
 
 }  // namespace torus::tp
