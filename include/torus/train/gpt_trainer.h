@@ -1,0 +1,179 @@
+// torus/train/gpt_trainer.h — the 3D composition: GPT trained with tensor,
+// sequence, pipeline and data parallelism from one DeviceMesh.
+//
+//   auto world = torus::init();
+//   torus::train::ParallelLayout layout{.tp = 2, .pp = 2, .dp = 2, .num_micro = 4};
+//   torus::train::GPTTrainer trainer(world, model_config, layout, optim_config);
+//   for (int64_t step = 0; step < steps; ++step) {
+//     at::Tensor batch = ...;                    // [global_batch, seq + 1] int64, the same on every rank
+//     auto stats = trainer.train_step(batch, lr_schedule.at(step));
+//     if (trainer.is_logging_rank()) log(stats);  // every rank gets the same stats
+//   }
+//
+// Layout: the world is a mesh pp x dp x tp (tp innermost, DeviceMesh). Each
+// pipeline rank holds num_chunks model chunks (virtual stages; Note [Stage
+// layout] in schedule.h), cut from the GPT by models::gpt_stage_parts —
+// balanced by cost, or fixed layer counts per stage. Every chunk is a
+// models::GPT built with a GPTPart and the rank's TP group, so the shards a
+// rank holds are slices of the same single-process model (layout-independent
+// initialisation).
+//
+// One training step (train_step):
+//  1. The global batch is split over dp (rows), then into num_micro
+//     micro-batches; stage 0 reads the tokens, the last stage the labels.
+//  2. The pipeline executor runs the schedule (GPipe, 1F1B, interleaved 1F1B
+//     or ZB-H1). Each micro-batch's loss is its mean token cross entropy
+//     divided by num_micro, so the step's gradient is that of the mean over
+//     the global batch, as in one process.
+//  3. Data-parallel gradient synchronisation is overlapped with the last
+//     micro-batches' backward: for every chunk, gradients only accumulate
+//     into its DDP buckets until that chunk's last backward, whose gradient
+//     hooks start the bucket all-reduces while the pipeline goes on with the
+//     remaining actions; they are waited for after the schedule.
+//  4. With tied embeddings and pp > 1 the first stage's word embedding and
+//     the last stage's copy of it add their gradients (one all-reduce between
+//     the two pipeline ranks of each dp x tp coordinate).
+//  5. Gradient clipping by the global norm, computed once over all stages and
+//     shards (optim::clip_grad_norm over the pp x tp group), then one AdamW
+//     step (weight decay on matrices and embeddings only). A non-finite norm
+//     skips the step on every rank (StepStats::skipped).
+//
+// Split backward (ZB-H1): the input-gradient half differentiates the chunk's
+// output with respect to its input only; the weight-gradient half
+// differentiates it again with respect to the parameters (autograd keeps the
+// graph in between). This re-runs the activation-gradient part of the chunk's
+// backward, so ZB-H1 costs more compute than a fused backward here; it
+// still removes the cool-down bubble.
+//
+// Errors: every layout and size problem throws InvalidArgument before any
+// communication (sizes, divisibility of batch, micro-batches, heads,
+// sequence; schedule constraints). A failed or dead peer surfaces as
+// CommError / TimeoutError from train_step; the trainer is then unusable.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "torus/comm/device_mesh.h"
+#include "torus/comm/process_group.h"
+#include "torus/models/gpt.h"
+#include "torus/parallel/pipeline/executor.h"
+#include "torus/parallel/pipeline/schedule.h"
+
+namespace torus::train {
+
+struct ParallelLayout {
+  int tp = 1;
+  int pp = 1;
+  int dp = 1;
+  bool sequence_parallel = false;
+  pp::ScheduleKind schedule = pp::ScheduleKind::k1F1B;
+  int num_micro = 1;   // micro-batches per step on each dp rank
+  int num_chunks = 1;  // virtual stages per pipeline rank (interleaved only)
+  // Blocks per stage, stage = chunk * pp + pipeline rank (pp * num_chunks
+  // entries); empty: balanced by cost.
+  std::vector<int64_t> layers_per_stage;
+
+  int num_stages() const { return pp * num_chunks; }
+  // Throws InvalidArgument naming the problem: sizes < 1, tp*pp*dp !=
+  // world_size, num_chunks > 1 without the interleaved schedule (or with
+  // pp < 2), an interleaved schedule whose num_micro is not a multiple of pp.
+  void validate(int world_size) const;
+  // "tp=2 pp=2 dp=2, 1f1b, m=4".
+  std::string describe() const;
+};
+
+struct OptimizerConfig {
+  double lr = 3e-4;  // used when train_step is given lr < 0
+  double weight_decay = 0.1;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double grad_clip = 1.0;  // max global L2 norm; 0: no clipping
+};
+
+struct TrainerOptions {
+  int64_t bucket_cap_bytes = 25LL << 20;  // DDP buckets
+  bool overlap_grad_sync = true;          // start DP all-reduces during the last backward
+  int recv_prefetch = 2;                  // pipeline receives posted ahead
+  bool record_trace = false;              // keep the executor's action trace (last step)
+};
+
+struct StepStats {
+  int64_t step = 0;        // steps taken so far, this one included
+  double loss = 0;         // mean token loss over the global batch
+  double grad_norm = 0;    // global norm before clipping
+  double clip_coefficient = 1;
+  bool skipped = false;    // non-finite gradient norm: no update
+  double seconds = 0;      // wall time of train_step on this rank
+  double pipeline_seconds = 0;  // of which running the schedule
+  double sync_seconds = 0;      // waiting for DP / tied-embedding sync, clipping
+  int64_t tokens = 0;      // tokens in the global batch
+  int peak_live = 0;       // max micro-batches alive on this rank (executor)
+};
+
+class GPTTrainer {
+ public:
+  // Collective over `world`: builds the mesh and its groups, the model
+  // chunks and the optimizer. Validates everything first (InvalidArgument,
+  // no communication). The model's sequence_parallel flag is taken from
+  // the layout.
+  GPTTrainer(comm::ProcessGroupPtr world, models::GPTConfig model, ParallelLayout layout, OptimizerConfig optim = {},
+             TrainerOptions options = {});
+  ~GPTTrainer();
+  GPTTrainer(const GPTTrainer&) = delete;
+  GPTTrainer& operator=(const GPTTrainer&) = delete;
+
+  // One optimizer step on `batch`: [global_batch, seq + 1] int64 tokens
+  // (inputs are columns [0, seq), labels [1, seq]), the same tensor on every
+  // rank. global_batch must divide into dp x num_micro equal parts and seq
+  // fit the model (and tp under sequence parallelism): InvalidArgument
+  // before any communication otherwise. `lr` < 0: OptimizerConfig::lr.
+  // Collective over the world; returns the same StepStats on every rank
+  // (times are this rank's).
+  StepStats train_step(const at::Tensor& batch, double lr = -1);
+
+  // Mean token loss of `batch` (same shape rules) without gradients: a
+  // forward-only pass through the pipeline. Collective; same value on every
+  // rank.
+  double evaluate(const at::Tensor& batch);
+
+  // Full (TP-gathered, unpadded) tensors of the parameters this rank holds,
+  // by their names in the single-process GPT ("embedding.word.weight",
+  // "blocks.3.fc1.weight", ...). The last stage's copy of a tied embedding
+  // is "head.output" (it equals embedding.word.weight). Collective over tp.
+  std::map<std::string, at::Tensor> gather_local_parameters() const;
+
+  // Parameters of the whole model (unpadded), and the model FLOPs of one
+  // token's forward and backward: 6 x (block and head matmul parameters) +
+  // 12 x layers x hidden x seq (attention), the usual MFU numerator.
+  int64_t num_parameters() const;
+  double flops_per_token(int64_t seq_len) const;
+
+  // The rank that logs: the last pipeline stage, dp 0, tp 0.
+  bool is_logging_rank() const;
+  const comm::DeviceMesh& mesh() const;
+  const ParallelLayout& layout() const { return layout_; }
+  const models::GPTConfig& model_config() const { return config_; }
+  // This step's schedule (sized for num_micro).
+  const pp::Schedule& schedule() const;
+  // Which part of the model each stage holds ("embedding + blocks 0-1").
+  std::vector<std::string> describe_stages() const;
+  // The executor's result of the last step on this rank: timings, peak live
+  // micro-batches, the action trace (TrainerOptions::record_trace).
+  const pp::StepResult& last_pipeline_result() const;
+  int64_t steps_taken() const;
+
+ private:
+  struct Impl;
+  models::GPTConfig config_;
+  ParallelLayout layout_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace torus::train

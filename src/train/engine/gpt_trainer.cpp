@@ -1,0 +1,487 @@
+#include "torus/train/gpt_trainer.h"
+
+#include <ATen/Functions.h>
+#include <ATen/TensorOperators.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/optim/adamw.h>
+
+#include <chrono>
+#include <cmath>
+#include <map>
+#include <utility>
+
+#include "core/log.h"
+#include "torus/optim/clip.h"
+#include "torus/parallel/data/ddp.h"
+#include "torus/parallel/groups.h"
+#include "torus/parallel/pipeline/executor.h"
+#include "torus/parallel/tensor/sharding.h"
+
+namespace torus::train {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+}  // namespace
+
+// ---- ParallelLayout -----------------------------------------------------------------
+
+void ParallelLayout::validate(int world_size) const {
+  TORUS_CHECK(tp >= 1 && pp >= 1 && dp >= 1, InvalidArgument, "layout: tp, pp and dp must be >= 1 (got tp={} pp={} dp={})",
+              tp, pp, dp);
+  TORUS_CHECK(tp * pp * dp == world_size, InvalidArgument,
+              "layout: tp x pp x dp = {} x {} x {} = {} ranks, but the world has {}", tp, pp, dp, tp * pp * dp,
+              world_size);
+  TORUS_CHECK(num_micro >= 1, InvalidArgument, "layout: num_micro must be >= 1, got {}", num_micro);
+  TORUS_CHECK(num_chunks >= 1, InvalidArgument, "layout: num_chunks must be >= 1, got {}", num_chunks);
+  if (num_chunks > 1) {
+    TORUS_CHECK(schedule == pp::ScheduleKind::kInterleaved1F1B, InvalidArgument,
+                "layout: {} chunks per pipeline rank need the interleaved schedule, not '{}'", num_chunks,
+                pp::schedule_kind_name(schedule));
+    TORUS_CHECK(pp >= 2, InvalidArgument, "layout: the interleaved schedule with {} chunks needs pp >= 2", num_chunks);
+    TORUS_CHECK(num_micro % pp == 0, InvalidArgument,
+                "layout: the interleaved schedule needs num_micro ({}) to be a multiple of pp ({})", num_micro, pp);
+  }
+  if (!layers_per_stage.empty()) {
+    TORUS_CHECK(static_cast<int>(layers_per_stage.size()) == num_stages(), InvalidArgument,
+                "layout: {} layer counts given for {} stages (pp x chunks = {} x {})", layers_per_stage.size(),
+                num_stages(), pp, num_chunks);
+  }
+}
+
+std::string ParallelLayout::describe() const {
+  std::string s = "tp=" + std::to_string(tp) + " pp=" + std::to_string(pp) + " dp=" + std::to_string(dp);
+  if (sequence_parallel) s += " sp";
+  s += ", " + std::string(pp::schedule_kind_name(schedule));
+  if (num_chunks > 1) s += " v=" + std::to_string(num_chunks);
+  s += ", m=" + std::to_string(num_micro);
+  return s;
+}
+
+// ---- the engine ---------------------------------------------------------------------
+
+struct GPTTrainer::Impl : public pp::StageCallbacks {
+  models::GPTConfig config;
+  ParallelLayout layout;
+  OptimizerConfig optim;
+  TrainerOptions options;
+
+  comm::ProcessGroupPtr world;
+  std::unique_ptr<comm::DeviceMesh> mesh;
+  parallel::ParallelGroups groups;
+  comm::ProcessGroupPtr pp_group;    // the executor's (it owns the point-to-point tags)
+  comm::ProcessGroupPtr eval_group;  // forward-only passes
+  comm::ProcessGroupPtr mp_group;    // pp x tp: the global gradient norm
+  comm::ProcessGroupPtr emb_group;   // first and last pipeline rank (tied embeddings), else null
+  int P = 1, V = 1, S = 1, rank = 0;
+
+  std::vector<models::GPTPart> stage_parts;  // all S stages
+  std::vector<std::shared_ptr<models::GPT>> chunks;
+  std::vector<std::unique_ptr<dp::DistributedDataParallel>> ddps;  // per chunk, null if nothing to reduce
+  std::unique_ptr<torch::optim::AdamW> optimizer;
+  std::vector<optim::GradNormEntry> norm_entries;
+  at::Tensor tied_param;  // this rank's copy of a tied embedding shared with another stage
+
+  pp::Schedule schedule;
+  std::unique_ptr<pp::PipelineExecutor> executor;
+  pp::StepResult last_result;
+  int64_t steps = 0;
+
+  // Per step.
+  std::vector<at::Tensor> inputs, labels;
+  struct Saved {
+    at::Tensor input;  // requires grad (stages > 0)
+    at::Tensor root;   // output, or the scaled loss on the last stage
+  };
+  std::map<std::pair<int, int>, Saved> saved;
+  std::vector<int> weight_passes;  // per chunk: backward (weight) passes done this step
+  std::vector<double> micro_losses;
+
+  int stage_of(int chunk) const { return chunk * P + rank; }
+  bool last_stage(int chunk) const { return stage_of(chunk) == S - 1; }
+
+  // ---- StageCallbacks ----
+
+  at::Tensor forward(int micro, int chunk, const at::Tensor& input) override {
+    auto& model = chunks.at(chunk);
+    const int stage = stage_of(chunk);
+    Saved sv;
+    at::Tensor out;
+    if (stage == 0) {
+      out = model->forward(inputs.at(micro));
+    } else {
+      sv.input = input.detach().requires_grad_(true);
+      out = model->forward(sv.input);
+    }
+    if (stage == S - 1) {
+      at::Tensor loss = model->head()->loss(out, labels.at(micro));
+      sv.root = loss / static_cast<double>(layout.num_micro);
+      saved[{micro, chunk}] = std::move(sv);
+      return loss.detach();
+    }
+    sv.root = out;
+    saved[{micro, chunk}] = std::move(sv);
+    return out.detach();
+  }
+
+  at::Tensor loss(int, const at::Tensor& output) override { return output; }
+
+  static std::vector<at::Tensor> grad_roots(const at::Tensor& grad_output) {
+    return grad_output.defined() ? std::vector<at::Tensor>{grad_output} : std::vector<at::Tensor>{};
+  }
+
+  void before_weight_pass(int chunk) {
+    const int done = ++weight_passes.at(chunk);
+    auto& ddp = ddps.at(chunk);
+    // The chunk's last backward: its gradient hooks start the DP all-reduces.
+    if (ddp && options.overlap_grad_sync && done == layout.num_micro) ddp->set_grad_sync_enabled(true);
+  }
+
+  at::Tensor backward_input(int micro, int chunk, const at::Tensor& grad_output) override {
+    Saved& sv = saved.at({micro, chunk});
+    pending_grad_output[{micro, chunk}] = grad_output;
+    if (!sv.input.defined()) return {};  // stage 0: no input gradient; backward_weight does it all
+    torch::autograd::backward({sv.root}, grad_roots(grad_output), /*retain_graph=*/true, /*create_graph=*/false,
+                              {sv.input});
+    at::Tensor g = sv.input.grad();
+    TORUS_CHECK(g.defined(), Error, "pipeline: stage {} produced no input gradient for micro-batch {}",
+                stage_of(chunk), micro);
+    return g.contiguous();
+  }
+
+  std::map<std::pair<int, int>, at::Tensor> pending_grad_output;  // split backward: BI -> BW
+
+  void backward_weight(int micro, int chunk) override {
+    Saved& sv = saved.at({micro, chunk});
+    at::Tensor grad_output;
+    auto it = pending_grad_output.find({micro, chunk});
+    if (it != pending_grad_output.end()) {
+      grad_output = it->second;
+      pending_grad_output.erase(it);
+    } else {
+      TORUS_CHECK(false, Error, "pipeline: weight gradient of micro-batch {} chunk {} before its input gradient", micro,
+                  chunk);
+    }
+    before_weight_pass(chunk);
+    std::vector<at::Tensor> params = chunks.at(chunk)->parameters();
+    torch::autograd::backward({sv.root}, grad_roots(grad_output), /*retain_graph=*/false, /*create_graph=*/false,
+                              params);
+    saved.erase({micro, chunk});
+  }
+
+  at::Tensor backward(int micro, int chunk, const at::Tensor& grad_output) override {
+    Saved& sv = saved.at({micro, chunk});
+    before_weight_pass(chunk);
+    torch::autograd::backward({sv.root}, grad_roots(grad_output));
+    at::Tensor g;
+    if (sv.input.defined()) {
+      g = sv.input.grad();
+      TORUS_CHECK(g.defined(), Error, "pipeline: stage {} produced no input gradient for micro-batch {}",
+                  stage_of(chunk), micro);
+      g = g.contiguous();
+    }
+    saved.erase({micro, chunk});
+    return g;
+  }
+
+  // ---- helpers ----
+
+  // Splits the global batch: this dp rank's rows, then num_micro micro-batches.
+  void load_batch(const at::Tensor& batch, const char* what) {
+    TORUS_CHECK(batch.defined() && batch.dim() == 2 && batch.scalar_type() == at::kLong, InvalidArgument,
+                "GPTTrainer::{}: batch must be a [global_batch, seq + 1] int64 tensor", what);
+    const int64_t rows = batch.size(0), seq = batch.size(1) - 1;
+    const int64_t parts = int64_t{layout.dp} * layout.num_micro;
+    TORUS_CHECK(rows >= parts && rows % parts == 0, InvalidArgument,
+                "GPTTrainer::{}: a global batch of {} rows does not split into dp x micro-batches = {} x {} equal parts",
+                what, rows, layout.dp, layout.num_micro);
+    TORUS_CHECK(seq >= 1, InvalidArgument, "GPTTrainer::{}: the batch needs at least 2 columns (seq + 1)", what);
+    config.validate_sequence(seq, layout.tp);
+    at::Tensor local = batch.chunk(layout.dp, 0)[groups.dp_rank()].to(config.device);
+    inputs.clear();
+    labels.clear();
+    for (const at::Tensor& mb : local.chunk(layout.num_micro, 0)) {
+      inputs.push_back(mb.narrow(1, 0, seq).contiguous());
+      labels.push_back(mb.narrow(1, 1, seq).contiguous());
+    }
+  }
+
+  int64_t hidden_rows(int64_t seq) const { return config.sequence_parallel ? seq / layout.tp : seq; }
+
+  void zero_grads() {
+    for (size_t c = 0; c < chunks.size(); ++c) {
+      if (ddps[c]) {
+        ddps[c]->zero_grad();
+      } else {
+        for (auto& p : chunks[c]->parameters()) {
+          if (p.grad().defined()) p.mutable_grad().zero_();
+        }
+      }
+    }
+  }
+
+  // Mean loss over micro-batches on the last stage, averaged over dp, then
+  // known on every pipeline rank (broadcast from the last one).
+  double share_loss(double local_mean, const comm::ProcessGroupPtr& pipe) {
+    at::Tensor t = at::full({1}, local_mean, at::TensorOptions().dtype(at::kDouble));
+    if (rank == P - 1 && groups.dp_size() > 1) groups.dp->all_reduce(t, {.op = comm::ReduceOp::kAvg})->wait();
+    if (P > 1) pipe->broadcast(t, {.root = P - 1})->wait();
+    return t.item<double>();
+  }
+};
+
+GPTTrainer::GPTTrainer(comm::ProcessGroupPtr world, models::GPTConfig model, ParallelLayout layout,
+                       OptimizerConfig optim, TrainerOptions options)
+    : config_(std::move(model)), layout_(std::move(layout)), impl_(std::make_unique<Impl>()) {
+  TORUS_CHECK(world != nullptr, InvalidArgument, "GPTTrainer: the world group is null");
+  // Everything is validated before the first collective.
+  layout_.validate(world->size());
+  config_.sequence_parallel = layout_.sequence_parallel;
+  config_.validate(layout_.tp);
+  TORUS_CHECK(optim.lr >= 0 && optim.weight_decay >= 0 && optim.eps > 0 && optim.beta1 >= 0 && optim.beta1 < 1 &&
+                  optim.beta2 >= 0 && optim.beta2 < 1 && optim.grad_clip >= 0,
+              InvalidArgument,
+              "GPTTrainer: bad optimizer settings (lr {}, weight_decay {}, betas ({}, {}), eps {}, grad_clip {})",
+              optim.lr, optim.weight_decay, optim.beta1, optim.beta2, optim.eps, optim.grad_clip);
+  Impl& m = *impl_;
+  m.config = config_;
+  m.layout = layout_;
+  m.optim = optim;
+  m.options = options;
+  m.world = world;
+  m.P = layout_.pp;
+  m.V = layout_.num_chunks;
+  m.S = layout_.num_stages();
+  m.stage_parts = models::gpt_stage_parts(config_, m.S, config_.max_seq_len, layout_.layers_per_stage);
+  m.schedule = pp::make_schedule({layout_.schedule, m.P, layout_.num_micro, m.V});
+  pp::check_schedule(m.schedule);
+
+  // Collective from here on.
+  m.mesh = std::make_unique<comm::DeviceMesh>(
+      world, std::vector<std::pair<std::string, int>>{{"pp", layout_.pp}, {"dp", layout_.dp}, {"tp", layout_.tp}});
+  m.groups = parallel::ParallelGroups::from_mesh(*m.mesh);
+  if (m.groups.tp_size() == 1) m.groups.tp = nullptr;
+  if (m.groups.dp_size() == 1) m.groups.dp = nullptr;
+  if (layout_.tp * layout_.dp == 1) m.groups.dp_tp = nullptr;
+  m.rank = m.mesh->coord("pp");
+  m.pp_group = m.mesh->group("pp");
+  m.mp_group = m.mesh->group(std::vector<std::string>{"pp", "tp"});
+  m.eval_group = m.pp_group->split(0, m.rank, "pp.eval");
+  // Tied embeddings across stages: the first and last pipeline ranks of each
+  // dp x tp coordinate form a pair (split is collective over the world).
+  const bool split_tie = config_.tie_embeddings && m.S > 1;
+  {
+    const int dp_tp_index = m.mesh->coord("dp") * layout_.tp + m.mesh->coord("tp");
+    const bool holder = split_tie && (m.rank == 0 || m.rank == m.P - 1);
+    m.emb_group = world->split(holder ? dp_tp_index : -1, m.rank, "embedding");
+  }
+
+  for (int c = 0; c < m.V; ++c) {
+    const models::GPTPart& part = m.stage_parts[m.stage_of(c)];
+    auto gpt = std::make_shared<models::GPT>(config_, m.groups, part);
+    m.chunks.push_back(gpt);
+    std::unique_ptr<dp::DistributedDataParallel> ddp;
+    if (m.groups.dp_size() > 1 || (m.groups.tp_size() > 1 && config_.sequence_parallel)) {
+      dp::DDPOptions o;
+      o.bucket_cap_bytes = options.bucket_cap_bytes;
+      o.overlap = options.overlap_grad_sync;
+      o.finish_in_backward = false;
+      o.broadcast_parameters = false;  // layout-independent init: dp replicas start equal
+      ddp = std::make_unique<dp::DistributedDataParallel>(gpt, m.groups, o);
+    }
+    m.ddps.push_back(std::move(ddp));
+  }
+
+  // Optimizer: decay matrices and embeddings (dim >= 2), not gains and biases.
+  std::vector<at::Tensor> decay, no_decay;
+  for (size_t c = 0; c < m.chunks.size(); ++c) {
+    auto& gpt = m.chunks[c];
+    const tp::ShardSpecs specs = tp::collect_shard_specs(*gpt);
+    for (const auto& item : gpt->named_parameters()) {
+      const at::Tensor& p = item.value();
+      (p.dim() >= 2 ? decay : no_decay).push_back(p);
+      auto spec = specs.find(item.key());
+      const bool sharded = spec != specs.end() && spec->second.sharded();
+      bool counted = sharded || m.groups.tp_rank() == 0;
+      if (split_tie && item.key() == "head.output") {
+        // The last stage's copy of the tied word embedding: counted once, on stage 0.
+        counted = false;
+        m.tied_param = p;
+      }
+      if (split_tie && item.key() == "embedding.word.weight") m.tied_param = p;
+      m.norm_entries.push_back({p, counted});
+    }
+  }
+  std::vector<torch::optim::OptimizerParamGroup> param_groups;
+  auto opts = [&](double wd) {
+    return std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(optim.lr)
+                                                            .betas({optim.beta1, optim.beta2})
+                                                            .eps(optim.eps)
+                                                            .weight_decay(wd));
+  };
+  if (!decay.empty()) param_groups.emplace_back(decay, opts(optim.weight_decay));
+  if (!no_decay.empty()) param_groups.emplace_back(no_decay, opts(0.0));
+  m.optimizer = std::make_unique<torch::optim::AdamW>(param_groups, torch::optim::AdamWOptions(optim.lr));
+
+  pp::ExecutorOptions eo;
+  eo.device = config_.device;
+  eo.recv_prefetch = options.recv_prefetch;
+  eo.record_trace = options.record_trace;
+  // Edge shapes are agreed on the first step (Note [Shape agreement]).
+  m.executor = std::make_unique<pp::PipelineExecutor>(m.pp_group, eo);
+  m.weight_passes.assign(m.V, 0);
+
+  std::vector<std::string> stages = describe_stages();
+  for (int c = 0; c < m.V; ++c) {
+    TORUS_LOG_DEBUG("trainer: pipeline rank {} chunk {} = stage {}: {}", m.rank, c, m.stage_of(c),
+                    stages[m.stage_of(c)]);
+  }
+}
+
+GPTTrainer::~GPTTrainer() = default;
+
+StepStats GPTTrainer::train_step(const at::Tensor& batch, double lr) {
+  Impl& m = *impl_;
+  const auto t0 = Clock::now();
+  m.load_batch(batch, "train_step");
+  TORUS_CHECK(!(lr < 0) || m.optim.lr >= 0, InvalidArgument, "GPTTrainer::train_step: no learning rate");
+  const double step_lr = lr >= 0 ? lr : m.optim.lr;
+  for (auto& c : m.chunks) c->train();
+
+  // 1-2. The pipeline, with DP sync off until each chunk's last backward.
+  for (auto& ddp : m.ddps) {
+    if (ddp) ddp->set_grad_sync_enabled(false);
+  }
+  std::fill(m.weight_passes.begin(), m.weight_passes.end(), 0);
+  m.saved.clear();
+  m.pending_grad_output.clear();
+  m.last_result = m.executor->run(m.schedule, m);
+  const auto t_pipe = Clock::now();
+
+  // 3. Finish the DP all-reduces (started from the last backward's hooks).
+  for (auto& ddp : m.ddps) {
+    if (!ddp) continue;
+    ddp->set_grad_sync_enabled(true);
+    ddp->start_grad_sync();
+    ddp->finish_grad_sync();
+  }
+  // 4. Tied embeddings: the two copies add their gradients.
+  if (m.emb_group && m.tied_param.defined()) {
+    at::Tensor g = m.tied_param.grad();
+    TORUS_CHECK(g.defined() && g.is_contiguous(), Error, "trainer: the tied embedding has no contiguous gradient");
+    m.emb_group->all_reduce(g)->wait();
+  }
+  // 5. Global norm, clipping, one optimizer step.
+  const optim::ClipResult clip = optim::clip_grad_norm(m.norm_entries, m.optim.grad_clip, m.mp_group);
+  StepStats st;
+  if (clip.finite) {
+    for (auto& group : m.optimizer->param_groups()) {
+      static_cast<torch::optim::AdamWOptions&>(group.options()).lr(step_lr);
+    }
+    m.optimizer->step();
+  } else {
+    st.skipped = true;
+    TORUS_LOG_WARN("trainer: step {} skipped: the gradient norm is {}", m.steps + 1, clip.norm);
+  }
+  m.zero_grads();
+  const auto t_sync = Clock::now();
+
+  double local = 0;
+  if (m.rank == m.P - 1) {
+    for (const at::Tensor& l : m.last_result.losses) local += l.item<double>();
+    local /= static_cast<double>(m.layout.num_micro);
+  }
+  st.loss = m.share_loss(local, m.pp_group);
+  st.step = ++m.steps;
+  st.grad_norm = clip.norm;
+  st.clip_coefficient = clip.coefficient;
+  st.tokens = batch.size(0) * (batch.size(1) - 1);
+  st.peak_live = m.last_result.peak_live;
+  st.pipeline_seconds = std::chrono::duration<double>(t_pipe - t0).count();
+  st.sync_seconds = std::chrono::duration<double>(t_sync - t_pipe).count();
+  st.seconds = seconds_since(t0);
+  return st;
+}
+
+double GPTTrainer::evaluate(const at::Tensor& batch) {
+  Impl& m = *impl_;
+  m.load_batch(batch, "evaluate");
+  at::NoGradGuard no_grad;
+  for (auto& c : m.chunks) c->eval();
+  const int64_t seq = batch.size(1) - 1;
+  const int64_t micro_rows = batch.size(0) / (int64_t{m.layout.dp} * m.layout.num_micro);
+  const at::TensorOptions hopts = at::TensorOptions().dtype(config_.dtype).device(config_.device);
+  // Forward only: micro-batch after micro-batch, each rank's chunks in stage
+  // order. Every receive waits for an earlier (micro, stage) in the same
+  // order on its sender, so this cannot deadlock; sends are awaited at the end.
+  std::vector<comm::WorkPtr> sends;
+  std::vector<at::Tensor> in_flight;
+  double local = 0;
+  for (int b = 0; b < m.layout.num_micro; ++b) {
+    for (int c = 0; c < m.V; ++c) {
+      const int s = m.stage_of(c);
+      at::Tensor x;
+      if (s == 0) {
+        x = m.chunks[c]->forward(m.inputs[b]);
+      } else {
+        at::Tensor in = at::empty({m.hidden_rows(seq), micro_rows, config_.hidden}, hopts);
+        m.eval_group->recv(in, (s - 1) % m.P, {.tag = b * m.S + s})->wait();
+        x = m.chunks[c]->forward(in);
+      }
+      if (s == m.S - 1) {
+        local += m.chunks[c]->head()->loss(x, m.labels[b]).item<double>();
+      } else {
+        at::Tensor out = x.contiguous();
+        in_flight.push_back(out);
+        sends.push_back(m.eval_group->send(out, (s + 1) % m.P, {.tag = b * m.S + s + 1}));
+      }
+    }
+  }
+  for (auto& w : sends) w->wait();
+  local /= static_cast<double>(m.layout.num_micro);
+  return m.share_loss(m.rank == m.P - 1 ? local : 0.0, m.eval_group);
+}
+
+std::map<std::string, at::Tensor> GPTTrainer::gather_local_parameters() const {
+  std::map<std::string, at::Tensor> out;
+  for (const auto& c : impl_->chunks) {
+    for (auto& [name, t] : tp::gather_full_parameters(*c, impl_->groups.tp)) out[name] = t;
+  }
+  return out;
+}
+
+int64_t GPTTrainer::num_parameters() const {
+  const int64_t h = config_.hidden, L = config_.num_layers, f = config_.ffn(), v = config_.vocab_size;
+  const int64_t block = 2 * h + (3 * h * h + 2 * h) + (h * h + h) + 2 * h + (h * f + f) + (f * h + h);
+  int64_t n = v * h + config_.max_seq_len * h + L * block + 2 * h;
+  if (!config_.tie_embeddings) n += v * h;
+  return n;
+}
+
+double GPTTrainer::flops_per_token(int64_t seq_len) const {
+  const double h = config_.hidden, L = config_.num_layers, f = config_.ffn(), v = config_.vocab_size;
+  const double matmul_params = L * (4 * h * h + 2 * h * f) + v * h;
+  return 6.0 * matmul_params + 12.0 * L * h * static_cast<double>(seq_len);
+}
+
+bool GPTTrainer::is_logging_rank() const {
+  const Impl& m = *impl_;
+  return m.rank == m.P - 1 && m.groups.dp_rank() == 0 && m.groups.tp_rank() == 0;
+}
+
+const comm::DeviceMesh& GPTTrainer::mesh() const { return *impl_->mesh; }
+const pp::Schedule& GPTTrainer::schedule() const { return impl_->schedule; }
+const pp::StepResult& GPTTrainer::last_pipeline_result() const { return impl_->last_result; }
+int64_t GPTTrainer::steps_taken() const { return impl_->steps; }
+
+std::vector<std::string> GPTTrainer::describe_stages() const {
+  std::vector<std::string> out;
+  for (const auto& part : impl_->stage_parts) out.push_back(models::describe_part(part, config_.num_layers));
+  return out;
+}
+
+}  // namespace torus::train

@@ -1,0 +1,293 @@
+// JSON Lines writer, progress bar, step-line formatting and RSS helpers.
+#include "torus/train/metrics.h"
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <fstream>
+#include <ostream>
+
+#include "core/log.h"
+#include "torus/core/error.h"
+
+namespace torus::train {
+namespace {
+
+// Length of the valid UTF-8 sequence starting at s[i] (1..4), or 0 if the
+// bytes there do not form one (overlong forms, surrogates and code points
+// above U+10FFFF are invalid).
+size_t utf8_sequence_length(std::string_view s, size_t i) {
+  const auto b = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
+  const unsigned char c = b(i);
+  if (c < 0x80) return 1;
+  size_t n;
+  uint32_t cp;
+  if (c >= 0xC2 && c <= 0xDF)
+    n = 2, cp = c & 0x1F;
+  else if (c >= 0xE0 && c <= 0xEF)
+    n = 3, cp = c & 0x0F;
+  else if (c >= 0xF0 && c <= 0xF4)
+    n = 4, cp = c & 0x07;
+  else
+    return 0;
+  if (i + n > s.size()) return 0;
+  for (size_t k = 1; k < n; ++k) {
+    if ((b(i + k) & 0xC0) != 0x80) return 0;
+    cp = (cp << 6) | (b(i + k) & 0x3F);
+  }
+  if ((n == 3 && cp < 0x800) || (n == 4 && (cp < 0x10000 || cp > 0x10FFFF)) || (cp >= 0xD800 && cp <= 0xDFFF)) {
+    return 0;
+  }
+  return n;
+}
+
+// "3.0e-04" -> "3.0e-4", "1.0e+00" -> "1.0e0".
+std::string compact_exponent(double v, int decimals) {
+  std::string s = fmt::format("{:.{}e}", v, decimals);
+  size_t e = s.find('e');
+  if (e == std::string::npos) return s;
+  std::string mant = s.substr(0, e);
+  std::string exp = s.substr(e + 1);
+  bool neg = !exp.empty() && exp[0] == '-';
+  size_t k = (!exp.empty() && (exp[0] == '-' || exp[0] == '+')) ? 1 : 0;
+  while (k + 1 < exp.size() && exp[k] == '0') ++k;
+  return mant + "e" + (neg ? "-" : "") + exp.substr(k);
+}
+
+}  // namespace
+
+std::string json_quote(std::string_view s) {
+  std::string out;
+  out.reserve(s.size() + 2);
+  out.push_back('"');
+  for (size_t i = 0; i < s.size();) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        ++i;
+        continue;
+      case '\\':
+        out += "\\\\";
+        ++i;
+        continue;
+      case '\n':
+        out += "\\n";
+        ++i;
+        continue;
+      case '\r':
+        out += "\\r";
+        ++i;
+        continue;
+      case '\t':
+        out += "\\t";
+        ++i;
+        continue;
+      case '\b':
+        out += "\\b";
+        ++i;
+        continue;
+      case '\f':
+        out += "\\f";
+        ++i;
+        continue;
+      default:
+        break;
+    }
+    if (c < 0x20) {
+      out += fmt::format("\\u{:04x}", c);
+      ++i;
+      continue;
+    }
+    const size_t n = utf8_sequence_length(s, i);
+    if (n == 0) {
+      out += "\\ufffd";
+      ++i;
+    } else {
+      out.append(s.substr(i, n));
+      i += n;
+    }
+  }
+  out.push_back('"');
+  return out;
+}
+
+std::string JsonValue::to_json() const {
+  switch (kind_) {
+    case Kind::kString:
+      return json_quote(s_);
+    case Kind::kInt:
+      return fmt::format("{}", i_);
+    case Kind::kBool:
+      return b_ ? "true" : "false";
+    case Kind::kDouble:
+      return std::isfinite(d_) ? fmt::format("{}", d_) : "null";
+  }
+  return "null";
+}
+
+std::string json_object(const JsonFields& fields) {
+  std::string out = "{";
+  for (size_t i = 0; i < fields.size(); ++i) {
+    if (i > 0) out += ", ";
+    out += json_quote(fields[i].first);
+    out += ": ";
+    out += fields[i].second.to_json();
+  }
+  out += "}";
+  return out;
+}
+
+// --- JsonlWriter ----------------------------------------------------------------
+
+JsonlWriter::JsonlWriter(const std::string& path, bool truncate) : path_(path) {
+  file_ = std::fopen(path.c_str(), truncate ? "w" : "a");
+  if (file_ == nullptr) {
+    int err = errno;
+    throw Error(fmt::format("cannot open metrics file '{}': {}", path, ::torus::detail::errno_string(err)));
+  }
+}
+
+JsonlWriter::~JsonlWriter() {
+  if (file_ != nullptr) std::fclose(file_);
+}
+
+void JsonlWriter::write(const JsonFields& fields) {
+  std::string line = json_object(fields);
+  line.push_back('\n');
+  if (std::fwrite(line.data(), 1, line.size(), file_) != line.size() || std::fflush(file_) != 0) {
+    int err = errno;
+    throw Error(fmt::format("cannot write metrics file '{}': {}", path_, ::torus::detail::errno_string(err)));
+  }
+}
+
+// --- ProgressBar ----------------------------------------------------------------
+
+ProgressBar::ProgressBar(int64_t total, std::FILE* out, int width)
+    : total_(total), width_(width), file_(out), start_(std::chrono::steady_clock::now()) {
+  enabled_ = out != nullptr && ::isatty(::fileno(out)) == 1;
+}
+
+ProgressBar::ProgressBar(int64_t total, std::ostream& out, bool enabled, int width)
+    : total_(total), width_(width), stream_(&out), enabled_(enabled), start_(std::chrono::steady_clock::now()) {}
+
+ProgressBar::~ProgressBar() {
+  try {
+    finish();
+  } catch (...) {
+  }
+}
+
+std::string ProgressBar::render(int64_t done, int64_t total, double tokens_per_s, double eta_s, int width) {
+  width = std::max(width, 1);
+  const double frac = total > 0 ? std::clamp(static_cast<double>(done) / static_cast<double>(total), 0.0, 1.0) : 1.0;
+  const int filled = static_cast<int>(std::floor(frac * width));
+  std::string out = "[" + std::string(filled, '#') + std::string(width - filled, '.') + "] ";
+  out += fmt::format("{}/{} step", done, total);
+  if (std::isfinite(tokens_per_s) && tokens_per_s >= 0) out += fmt::format(" | {:.0f} tok/s", tokens_per_s);
+  out += " | eta " + format_duration(eta_s);
+  return out;
+}
+
+void ProgressBar::emit(std::string_view text) {
+  std::string line = "\r";
+  line.append(text);
+  if (text.size() < last_len_) line.append(last_len_ - text.size(), ' ');
+  last_len_ = text.size();
+  if (file_ != nullptr) {
+    std::fputs(line.c_str(), file_);
+    std::fflush(file_);
+  } else if (stream_ != nullptr) {
+    *stream_ << line << std::flush;
+  }
+}
+
+void ProgressBar::update(int64_t done, double tokens_per_s) {
+  if (!enabled_) return;
+  double eta = -1;
+  if (done > 0) {
+    double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    eta = elapsed / static_cast<double>(done) * static_cast<double>(std::max<int64_t>(total_ - done, 0));
+  }
+  emit(render(done, total_, tokens_per_s, eta, width_));
+  drawn_ = true;
+}
+
+void ProgressBar::clear() {
+  if (!enabled_ || !drawn_) return;
+  emit("");
+  emit("");  // back at column 0 over a blank line
+  last_len_ = 0;
+  drawn_ = false;
+}
+
+void ProgressBar::finish() {
+  if (!enabled_ || !drawn_) return;
+  if (file_ != nullptr) {
+    std::fputs("\n", file_);
+    std::fflush(file_);
+  } else if (stream_ != nullptr) {
+    *stream_ << '\n' << std::flush;
+  }
+  drawn_ = false;
+  last_len_ = 0;
+}
+
+// --- formatting -----------------------------------------------------------------
+
+std::string format_duration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "?";
+  const int64_t s = std::llround(seconds);
+  if (s < 60) return fmt::format("{}s", s);
+  if (s < 3600) return fmt::format("{}m{:02}s", s / 60, s % 60);
+  return fmt::format("{}h{:02}m", s / 3600, (s % 3600) / 60);
+}
+
+std::string format_bytes(double bytes) {
+  if (!std::isfinite(bytes)) return "?";
+  if (std::fabs(bytes) < 1024) return fmt::format("{:.0f} B", bytes);
+  static const char* const kUnits[] = {"KiB", "MiB", "GiB", "TiB", "PiB"};
+  double v = bytes / 1024;
+  size_t u = 0;
+  while (std::fabs(v) >= 1024 && u + 1 < std::size(kUnits)) v /= 1024, ++u;
+  return fmt::format("{:.1f} {}", v, kUnits[u]);
+}
+
+std::string format_step_line(const StepLine& s) {
+  std::string out = fmt::format("step {}", s.step);
+  if (!std::isnan(s.loss)) out += fmt::format(" | loss {:.2f}", s.loss);
+  if (!std::isnan(s.val_loss)) out += fmt::format(" | val {:.2f}", s.val_loss);
+  if (!std::isnan(s.grad_norm)) {
+    const double g = s.grad_norm;
+    out += " | grad_norm " + ((g != 0 && std::fabs(g) < 0.01) ? compact_exponent(g, 1) : fmt::format("{:.2f}", g));
+  }
+  if (!std::isnan(s.lr)) out += " | lr " + compact_exponent(s.lr, 1);
+  if (!std::isnan(s.tokens_per_s)) out += fmt::format(" | {:.0f} tok/s", s.tokens_per_s);
+  if (!std::isnan(s.mfu)) {
+    const double pct = s.mfu * 100;
+    out += std::fabs(pct) < 10 ? fmt::format(" | MFU {:.1f}%", pct) : fmt::format(" | MFU {:.0f}%", pct);
+  }
+  if (!std::isnan(s.mem_bytes)) out += " | mem " + format_bytes(s.mem_bytes);
+  return out;
+}
+
+// --- memory ---------------------------------------------------------------------
+
+int64_t peak_rss_bytes() {
+  struct rusage ru {};
+  if (::getrusage(RUSAGE_SELF, &ru) != 0) return 0;
+  return static_cast<int64_t>(ru.ru_maxrss) * 1024;  // Linux: KiB
+}
+
+int64_t current_rss_bytes() {
+  std::ifstream in("/proc/self/statm");
+  int64_t size_pages = 0, resident_pages = 0;
+  if (!(in >> size_pages >> resident_pages)) return 0;
+  const long page = ::sysconf(_SC_PAGESIZE);
+  return page > 0 ? resident_pages * page : 0;
+}
+
+}  // namespace torus::train

@@ -1,0 +1,89 @@
+#!/usr/bin/env python3
+"""torus-train as a user meets it: --help, bad input, and a short TP=2 x
+PP=2 x DP=2 run on 8 ranks whose loss falls, with its JSONL metrics, one log
+line per step and the PNG plot.
+
+usage: train_cli_test.py TORUS_TRAIN MPIEXEC [MPIEXEC_FLAGS...]
+"""
+import json
+import os
+import re
+import struct
+import subprocess
+import sys
+import tempfile
+import zlib
+
+
+def check(cond, msg):
+    if not cond:
+        print("FAILED: " + msg)
+        sys.exit(1)
+
+
+def main():
+    exe, mpiexec, flags = sys.argv[1], sys.argv[2], sys.argv[3:]
+
+    # --help: exit 0, every option listed.
+    h = subprocess.run([exe, "--help"], capture_output=True, text=True, timeout=60)
+    check(h.returncode == 0, f"--help exited {h.returncode}: {h.stderr}")
+    for opt in ("--tp", "--pp", "--dp", "--schedule", "--micro-batches", "--steps", "--lr", "--warmup", "--seed",
+                "--data", "--eval-interval", "--config"):
+        check(opt in h.stdout, f"--help does not list {opt}")
+
+    # Bad input: a clear error, exit 2, before any communication (no launcher needed).
+    for bad, words in ((["--tp", "x"], "--tp"), (["--schedul", "1f1b"], "schedule"), (["--dtype", "f16"], "--dtype")):
+        r = subprocess.run([exe] + bad, capture_output=True, text=True, timeout=60)
+        check(r.returncode == 2, f"{bad}: exit {r.returncode}, expected 2\n{r.stdout}{r.stderr}")
+        check("error" in r.stderr and words in r.stderr, f"{bad}: unclear message: {r.stderr}")
+
+    out = tempfile.mkdtemp(prefix="torus-train-test-")
+    cfg = os.path.join(out, "run.cfg")
+    with open(cfg, "w") as f:
+        f.write("# a config file; flags override it\nlayers = 4\nhidden = 64\nheads = 4\nseq = 32\nsteps = 999\n")
+    cmd = [mpiexec] + flags + ["-np", "8", exe, "--config", cfg, "--tp", "2", "--pp", "2", "--dp", "2", "--batch", "8",
+                               "--micro-batches", "2", "--steps", "24", "--warmup", "4", "--lr", "3e-3",
+                               "--eval-interval", "12", "--threads", "1", "--progress", "off", "--out", out]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    print(r.stdout[-3000:])
+    check(r.returncode == 0, f"the run failed ({r.returncode}):\n{r.stderr[-4000:]}")
+    step_lines = [l for l in r.stdout.splitlines() if l.startswith("step ")]
+    check(len(step_lines) == 24, f"expected 24 step lines (one per step), got {len(step_lines)}")
+    pat = re.compile(r"^step \d+ \| loss [\d.]+ (\| val [\d.]+ )?\| grad_norm [\d.]+ \| lr [\d.e+-]+ \| [\d.]+ tok/s "
+                     r"\| MFU [\d.]+% \| mem [\d.]+ [KMG]iB$")
+    for l in step_lines:
+        check(pat.match(l), f"step line not in the documented format: {l!r}")
+    check(sum(" | val " in l for l in step_lines) == 2, "validation loss expected at steps 12 and 24")
+
+    recs = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl"))]
+    steps = [x for x in recs if x.get("event") == "step"]
+    check(recs[0]["event"] == "config" and str(recs[0]["opt.layers"]) == "4" and str(recs[0]["opt.steps"]) == "24",
+          "config record: the config file or the flag override was not applied")
+    check(len(steps) == 24 and [x["step"] for x in steps] == list(range(1, 25)), "one JSON record per step")
+    first = sum(x["loss"] for x in steps[:3]) / 3
+    last = sum(x["loss"] for x in steps[-3:]) / 3
+    check(last < first - 0.5, f"the loss did not fall clearly: {first:.3f} -> {last:.3f}")
+    check(abs(steps[0]["loss"] - 5.545) < 0.3, f"first loss {steps[0]['loss']} is not near ln(256) = 5.545")
+    check(recs[-1]["event"] == "end", "no end record")
+
+    png = open(os.path.join(out, "loss.png"), "rb").read()
+    check(png[:8] == b"\x89PNG\r\n\x1a\n", "loss.png is not a PNG")
+    pos, idat, ihdr = 8, b"", None
+    while pos < len(png):
+        n, kind = struct.unpack(">I4s", png[pos:pos + 8])
+        data = png[pos + 8:pos + 8 + n]
+        (crc,) = struct.unpack(">I", png[pos + 8 + n:pos + 12 + n])
+        check(zlib.crc32(kind + data) == crc, f"bad CRC in chunk {kind}")
+        if kind == b"IHDR":
+            ihdr = struct.unpack(">IIBBBBB", data)
+        if kind == b"IDAT":
+            idat += data
+        pos += 12 + n
+    w, hgt = ihdr[0], ihdr[1]
+    raw = zlib.decompress(idat)
+    check(len(raw) == hgt * (1 + 3 * w), "PNG image data has the wrong size")
+    print(f"ok: loss {first:.3f} -> {last:.3f} over 24 steps on 8 ranks; metrics and a {w}x{hgt} plot written")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,295 @@
+// Metrics: JSON string escaping (exact strings, and a round trip through a
+// small JSON string decoder written here), typed JSON objects, the JSON Lines
+// file, the step line and its number formats, the progress bar (drawn only
+// when enabled; never on a non-terminal FILE*) and the RSS helpers.
+#include "torus/train/metrics.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "torus/core/error.h"
+
+namespace torus::train {
+namespace {
+
+// Decodes one JSON string literal (quotes included) into UTF-8; fails the
+// test on malformed input. Independent of the encoder.
+std::string decode_json_string(const std::string& lit) {
+  EXPECT_GE(lit.size(), 2u);
+  EXPECT_EQ(lit.front(), '"');
+  EXPECT_EQ(lit.back(), '"');
+  std::string out;
+  for (size_t i = 1; i + 1 < lit.size(); ++i) {
+    unsigned char c = static_cast<unsigned char>(lit[i]);
+    EXPECT_GE(c, 0x20) << "raw control character in JSON string at " << i;
+    EXPECT_NE(c, '"') << "unescaped quote at " << i;
+    if (c != '\\') {
+      out.push_back(static_cast<char>(c));
+      continue;
+    }
+    char e = lit[++i];
+    switch (e) {
+      case '"':
+        out += '"';
+        break;
+      case '\\':
+        out += '\\';
+        break;
+      case '/':
+        out += '/';
+        break;
+      case 'b':
+        out += '\b';
+        break;
+      case 'f':
+        out += '\f';
+        break;
+      case 'n':
+        out += '\n';
+        break;
+      case 'r':
+        out += '\r';
+        break;
+      case 't':
+        out += '\t';
+        break;
+      case 'u': {
+        unsigned cp = std::stoul(lit.substr(i + 1, 4), nullptr, 16);
+        i += 4;
+        if (cp < 0x80) {
+          out += static_cast<char>(cp);
+        } else if (cp < 0x800) {
+          out += static_cast<char>(0xC0 | (cp >> 6));
+          out += static_cast<char>(0x80 | (cp & 0x3F));
+        } else {
+          out += static_cast<char>(0xE0 | (cp >> 12));
+          out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+          out += static_cast<char>(0x80 | (cp & 0x3F));
+        }
+        break;
+      }
+      default:
+        ADD_FAILURE() << "bad escape \\" << e;
+    }
+  }
+  return out;
+}
+
+TEST(Json, QuoteExactStrings) {
+  EXPECT_EQ(json_quote(""), "\"\"");
+  EXPECT_EQ(json_quote("plain"), "\"plain\"");
+  EXPECT_EQ(json_quote("a\"b\\c"), "\"a\\\"b\\\\c\"");
+  EXPECT_EQ(json_quote("l1\nl2\tx\r\b\f"), "\"l1\\nl2\\tx\\r\\b\\f\"");
+  EXPECT_EQ(json_quote(std::string("\x01\x1f\x7f", 3)), "\"\\u0001\\u001f\x7f\"");
+  EXPECT_EQ(json_quote(std::string("nul\0!", 5)), "\"nul\\u0000!\"");
+  // Valid UTF-8 passes through: e-acute (2 bytes), euro (3), an emoji (4).
+  EXPECT_EQ(json_quote("caf\xC3\xA9 \xE2\x82\xAC \xF0\x9F\x98\x80"), "\"caf\xC3\xA9 \xE2\x82\xAC \xF0\x9F\x98\x80\"");
+  // Invalid bytes become U+FFFD, one per byte.
+  EXPECT_EQ(json_quote("a\xFF"
+                       "b"),
+            "\"a\\ufffdb\"");
+  EXPECT_EQ(json_quote("\xC0\xAF"), "\"\\ufffd\\ufffd\"");                        // overlong '/'
+  EXPECT_EQ(json_quote("\xE2\x82"), "\"\\ufffd\\ufffd\"");                        // truncated euro
+  EXPECT_EQ(json_quote("\xED\xA0\x80"), "\"\\ufffd\\ufffd\\ufffd\"");             // a UTF-16 surrogate
+  EXPECT_EQ(json_quote("\xF4\x90\x80\x80"), "\"\\ufffd\\ufffd\\ufffd\\ufffd\"");  // above U+10FFFF
+}
+
+TEST(Json, QuoteRoundTrips) {
+  std::string all_controls;
+  for (int c = 0; c < 0x20; ++c) all_controls.push_back(static_cast<char>(c));
+  for (const std::string& s : {std::string("x"), all_controls, std::string("\"\\/'{}[]:,"),
+                               std::string("step 40 | loss 2.31\n"), std::string("\xC3\xA9\xE2\x82\xAC")}) {
+    EXPECT_EQ(decode_json_string(json_quote(s)), s);
+  }
+  // Invalid UTF-8 decodes to U+FFFD (EF BF BD).
+  EXPECT_EQ(decode_json_string(json_quote("\xFF")), "\xEF\xBF\xBD");
+}
+
+TEST(Json, ObjectWithTypedValues) {
+  const JsonFields f = {{"step", 40},
+                        {"loss", 2.5},
+                        {"lr", 3e-4},
+                        {"ok", true},
+                        {"phase", "train"},
+                        {"name", std::string("a\"b")},
+                        {"nan", std::nan("")},
+                        {"inf", -INFINITY},
+                        {"tokens", int64_t{1} << 40},
+                        {"u", 7u},
+                        {"huge", ~uint64_t{0}}};
+  EXPECT_EQ(json_object(f),
+            "{\"step\": 40, \"loss\": 2.5, \"lr\": 0.0003, \"ok\": true, \"phase\": \"train\", "
+            "\"name\": \"a\\\"b\", \"nan\": null, \"inf\": null, \"tokens\": 1099511627776, \"u\": 7, "
+            "\"huge\": 1.8446744073709552e+19}");
+  EXPECT_EQ(json_object({}), "{}");
+  EXPECT_EQ(JsonValue(1.0).to_json(), "1");
+  EXPECT_EQ(JsonValue(0.1).to_json(), "0.1");
+  EXPECT_EQ(JsonValue(false).kind(), JsonValue::Kind::kBool);
+  EXPECT_EQ(JsonValue("s").kind(), JsonValue::Kind::kString);
+  EXPECT_EQ(JsonValue(3).kind(), JsonValue::Kind::kInt);
+}
+
+std::string read_all(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+TEST(JsonlWriter, AppendsOneObjectPerLine) {
+  char tmpl[] = "/tmp/torus_jsonl_XXXXXX";
+  int fd = ::mkstemp(tmpl);
+  ASSERT_GE(fd, 0);
+  ::close(fd);
+  const std::string path = tmpl;
+  {
+    JsonlWriter w(path);
+    EXPECT_EQ(w.path(), path);
+    w.write({{"step", 0}, {"loss", 5.5}});
+    // Flushed after each line: readable before the writer closes.
+    EXPECT_EQ(read_all(path), "{\"step\": 0, \"loss\": 5.5}\n");
+    w.write({{"step", 1}, {"loss", NAN}, {"note", "two\nlines"}});
+  }
+  EXPECT_EQ(read_all(path), "{\"step\": 0, \"loss\": 5.5}\n{\"step\": 1, \"loss\": null, \"note\": \"two\\nlines\"}\n");
+  {
+    JsonlWriter w(path);  // appends
+    w.write({{"k", true}});
+  }
+  const std::string three = read_all(path);
+  EXPECT_EQ(std::count(three.begin(), three.end(), '\n'), 3);
+  EXPECT_EQ(three.substr(three.rfind('{')), "{\"k\": true}\n");
+  {
+    JsonlWriter w(path, /*truncate=*/true);
+    w.write({{"k", false}});
+  }
+  EXPECT_EQ(read_all(path), "{\"k\": false}\n");
+  std::remove(path.c_str());
+
+  try {
+    JsonlWriter w("/nonexistent-dir/metrics.jsonl");
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("/nonexistent-dir/metrics.jsonl"), std::string::npos) << e.what();
+  }
+}
+
+TEST(StepLine, ExactFormat) {
+  StepLine s;
+  s.step = 40;
+  s.loss = 2.31;
+  s.val_loss = 2.40;
+  s.grad_norm = 0.82;
+  s.lr = 3e-4;
+  s.tokens_per_s = 1520;
+  s.mfu = 0.11;
+  s.mem_bytes = 1.3 * 1024 * 1024 * 1024;
+  EXPECT_EQ(format_step_line(s),
+            "step 40 | loss 2.31 | val 2.40 | grad_norm 0.82 | lr 3.0e-4 | 1520 tok/s | MFU 11% | mem 1.3 GiB");
+  s.val_loss = NAN;
+  EXPECT_EQ(format_step_line(s),
+            "step 40 | loss 2.31 | grad_norm 0.82 | lr 3.0e-4 | 1520 tok/s | MFU 11% | mem 1.3 GiB");
+  s.mfu = NAN;
+  s.grad_norm = 0.00123;
+  s.lr = 1.0;
+  s.tokens_per_s = 987.6;
+  s.mem_bytes = 512.0 * 1024 * 1024;
+  EXPECT_EQ(format_step_line(s), "step 40 | loss 2.31 | grad_norm 1.2e-3 | lr 1.0e0 | 988 tok/s | mem 512.0 MiB");
+  StepLine t;
+  t.step = 7;
+  t.mfu = 0.045;
+  t.lr = 2.5e-5;
+  EXPECT_EQ(format_step_line(t), "step 7 | lr 2.5e-5 | MFU 4.5%");
+  EXPECT_EQ(format_step_line(StepLine{}), "step 0");
+}
+
+TEST(StepLine, BytesAndDurations) {
+  EXPECT_EQ(format_bytes(0), "0 B");
+  EXPECT_EQ(format_bytes(1023), "1023 B");
+  EXPECT_EQ(format_bytes(3 * 1024), "3.0 KiB");
+  EXPECT_EQ(format_bytes(1536.0 * 1024 * 1024), "1.5 GiB");
+  EXPECT_EQ(format_bytes(2.0 * 1024 * 1024 * 1024 * 1024), "2.0 TiB");
+  EXPECT_EQ(format_duration(0), "0s");
+  EXPECT_EQ(format_duration(59.4), "59s");
+  EXPECT_EQ(format_duration(72), "1m12s");
+  EXPECT_EQ(format_duration(605), "10m05s");
+  EXPECT_EQ(format_duration(2 * 3600 + 3 * 60 + 59), "2h03m");
+  EXPECT_EQ(format_duration(-1), "?");
+  EXPECT_EQ(format_duration(NAN), "?");
+}
+
+TEST(ProgressBar, RenderExact) {
+  EXPECT_EQ(ProgressBar::render(40, 200, 1520, 72, 10), "[##........] 40/200 step | 1520 tok/s | eta 1m12s");
+  EXPECT_EQ(ProgressBar::render(0, 200, NAN, -1, 10), "[..........] 0/200 step | eta ?");
+  EXPECT_EQ(ProgressBar::render(200, 200, 99.5, 0, 4), "[####] 200/200 step | 100 tok/s | eta 0s");
+  EXPECT_EQ(ProgressBar::render(150, 200, 1, 5, 30).substr(0, 32),
+            "[" + std::string(22, '#') + std::string(8, '.') + "]");
+}
+
+TEST(ProgressBar, DrawsOnlyWhenEnabled) {
+  std::ostringstream on, off;
+  {
+    ProgressBar bar(10, on, /*enabled=*/true, 10);
+    ProgressBar quiet(10, off, /*enabled=*/false, 10);
+    EXPECT_TRUE(bar.enabled());
+    EXPECT_FALSE(quiet.enabled());
+    bar.update(5, 100);
+    quiet.update(5, 100);
+    std::string first = on.str();
+    EXPECT_EQ(first.rfind("\r[#####.....] 5/10 step | 100 tok/s | eta ", 0), 0u) << first;
+    bar.update(6, 100);
+    EXPECT_EQ(on.str().substr(first.size(), 20), "\r[######....] 6/10 s");
+    bar.finish();
+    EXPECT_EQ(on.str().back(), '\n');
+    bar.finish();  // once only
+  }
+  const std::string drawn = on.str();
+  EXPECT_EQ(std::count(drawn.begin(), drawn.end(), '\n'), 1);
+  EXPECT_EQ(off.str(), "");
+
+  // A FILE* that is not a terminal: disabled, writes nothing.
+  std::FILE* f = std::tmpfile();
+  ASSERT_NE(f, nullptr);
+  {
+    ProgressBar bar(10, f);
+    EXPECT_FALSE(bar.enabled());
+    bar.update(3, 10);
+    bar.finish();
+  }
+  EXPECT_EQ(std::ftell(f), 0);
+  std::fclose(f);
+}
+
+TEST(ProgressBar, ClearBlanksTheLine) {
+  std::ostringstream os;
+  ProgressBar bar(4, os, true, 4);
+  bar.update(1, NAN);
+  const std::string drawn = os.str();  // "\r[#...] 1/4 step | eta ..."
+  bar.clear();
+  const std::string cleared = os.str().substr(drawn.size());
+  EXPECT_EQ(cleared, "\r" + std::string(drawn.size() - 1, ' ') + "\r");
+  bar.finish();  // nothing drawn since clear(): no newline
+  EXPECT_EQ(os.str().find('\n'), std::string::npos);
+}
+
+TEST(Memory, RssHelpers) {
+  const int64_t before = current_rss_bytes();
+  EXPECT_GT(before, 0);
+  // Touch 64 MiB: both the current and the peak RSS must see it.
+  const size_t n = 64u << 20;
+  std::vector<char> big(n);
+  std::memset(big.data(), 1, n);
+  const int64_t now = current_rss_bytes();
+  EXPECT_GE(now, static_cast<int64_t>(n));
+  EXPECT_GE(peak_rss_bytes(), now - (4 << 20));  // peak sampled by the kernel, allow some slack
+  EXPECT_EQ(big[n / 2], 1);
+}
+
+}  // namespace
+}  // namespace torus::train
