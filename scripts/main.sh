@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# The main job: sets everything up, builds, then runs a 4-rank self-check and
-# benchmark of every collective on the host backend, with the single-core
-# memcpy probe as the limit of one host.
+# The main job: sets everything up, builds, then trains a byte-level GPT with
+# tensor, pipeline and data parallelism (TP=2 x PP=2 x DP=2) on 8 local ranks
+# with torus-train, on the licence texts every Debian system ships. Prints
+# one line per step; writes runs/torus-train/metrics.jsonl and loss.png.
+# Extra arguments go to torus-train (see `build/bin/torus-train --help`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 scripts/build.sh
 BUILD=${TORUS_BUILD_DIR:-build}
-exec mpirun --allow-run-as-root --oversubscribe --bind-to none -np "${TORUS_NP:-4}" \
-  "$BUILD/bench/torus-bench-comm" --ops all_reduce,reduce_scatter,all_gather,all_to_all,broadcast,reduce \
-  -b 1K -e 16M -f 4 --check "$@"
+exec mpirun --allow-run-as-root --oversubscribe --bind-to none -np 8 -x TORUS_LOG_LEVEL="${TORUS_LOG_LEVEL:-warn}" \
+  "$BUILD/bin/torus-train" --tp 2 --pp 2 --dp 2 --out runs/torus-train "$@"

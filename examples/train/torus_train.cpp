@@ -50,7 +50,7 @@ struct Args {
   int64_t hidden = 128;
   int64_t heads = 4;
   int64_t ffn = 0;
-  int64_t seq = 64;
+  int64_t seq = 128;
   double dropout = 0.0;
   bool tie_embeddings = true;
   std::string dtype = "f32";
@@ -64,18 +64,18 @@ struct Args {
   int chunks = 1;
   std::string stage_layers;
   // Training.
-  int64_t steps = 200;
+  int64_t steps = 600;
   int64_t batch = 16;
-  double lr = 3e-3;
-  double min_lr = 3e-4;
-  int64_t warmup = 20;
+  double lr = 1e-3;
+  double min_lr = 1e-4;
+  int64_t warmup = 30;
   double weight_decay = 0.1;
   double grad_clip = 1.0;
   int64_t seed = 1234;
   // Data and evaluation.
   std::string data;
   double val_fraction = 0.1;
-  int64_t eval_interval = 20;
+  int64_t eval_interval = 100;
   int64_t eval_batches = 2;
   // Output.
   std::string out = "runs/torus-train";
