@@ -12,6 +12,7 @@
 #include "core/log.h"
 #include "torus/parallel/tensor/cross_entropy.h"
 #include "torus/parallel/tensor/mappings.h"
+#include "torus/parallel/tensor/weight_grad.h"
 #include "torus/parallel/pipeline/partition.h"
 
 namespace torus::models {
@@ -237,7 +238,11 @@ GPTHead::GPTHead(const GPTConfig& config, const parallel::ParallelGroups& groups
 
 at::Tensor GPTHead::forward(const at::Tensor& hidden) {
   // Under SP the output layer all-gathers the sequence (and reduce-scatters
-  // its input gradient), like any column-parallel layer.
+  // its input gradient), like any column-parallel layer. A weight tied to
+  // this model's own embedding also gets a gradient from the lookup; its
+  // output-layer gradient is never deferred (Note [Deferred weight
+  // gradients]), so that both arrive in the same backward pass.
+  tp::DeferWeightGradGuard defer(tp::weight_grad_deferral_enabled() && owns_output_);
   return tp::column_parallel_linear(ln_f_->forward(hidden), output_, at::Tensor(), tp_,
                                     {.gather_output = false, .sequence_parallel = config_.sequence_parallel});
 }

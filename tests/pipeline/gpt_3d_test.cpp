@@ -21,6 +21,7 @@
 #include "parallel/parallel_test_util.h"
 #include "torus/models/gpt.h"
 #include "torus/parallel/pipeline/partition.h"
+#include "torus/parallel/tensor/weight_grad.h"
 #include "torus/train/gpt_trainer.h"
 
 namespace torus::train {
@@ -190,6 +191,46 @@ void check_contract(at::ScalarType dtype, double tol_loss, double tol_weight) {
 
 TEST(GPT3DContract, Float32) { check_contract(at::kFloat, 1e-5, 1e-4); }
 TEST(GPT3DContract, Float64) { check_contract(at::kDouble, 1e-10, 1e-10); }
+
+// Note [Deferred weight gradients]: a backward under a store computes every
+// gradient but the linear layers' weights (4 per block), which flush() adds
+// later; the result equals a plain fused backward exactly in f64.
+TEST(DeferredWeightGrads, SplitBackwardEqualsFusedBackward) {
+  models::GPTConfig config = model_config(at::kDouble, true);
+  at::Tensor data = batch(config, 0);
+  const int64_t s = config.max_seq_len;
+  at::Tensor x = data.narrow(1, 0, s).contiguous(), y = data.narrow(1, 1, s).contiguous();
+  models::GPT fused(config), split(config);
+  fused.loss(x, y).backward();
+  tp::WeightGradStore store;
+  {
+    at::Tensor loss;
+    {
+      tp::DeferWeightGradGuard defer;
+      loss = split.loss(x, y);
+    }
+    tp::WeightGradStoreGuard guard(&store);
+    loss.backward();
+  }
+  EXPECT_EQ(store.size(), static_cast<size_t>(4 * config.num_layers));
+  auto named = split.named_parameters();
+  for (const auto& item : named) {
+    // Deferred: the TP linears' weights, and fc1's bias (column parallel,
+    // inside the linear); the row-parallel biases are added after the TP
+    // reduction, outside it.
+    const std::string& k = item.key();
+    auto has = [&](const char* part) { return k.find(part) != std::string::npos; };
+    const bool linear = (has(".weight") && (has("qkv") || has("proj") || has("fc1") || has("fc2"))) || has("fc1.bias");
+    EXPECT_EQ(item.value().grad().defined(), !linear) << k << ": deferred iff a TP linear weight (or fc1 bias)";
+  }
+  store.flush();
+  EXPECT_TRUE(store.empty());
+  auto ref = fused.named_parameters();
+  for (const auto& item : named) {
+    ASSERT_TRUE(item.value().grad().defined()) << item.key();
+    EXPECT_LE(testing::rel_diff(item.value().grad(), ref[item.key()].grad()), 1e-12) << item.key();
+  }
+}
 
 // Bad layouts fail with InvalidArgument before any communication: the
 // trainer is given a group whose every operation throws CommError.

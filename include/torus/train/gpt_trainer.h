@@ -38,12 +38,13 @@
 //     step (weight decay on matrices and embeddings only). A non-finite norm
 //     skips the step on every rank (StepStats::skipped).
 //
-// Split backward (ZB-H1): the input-gradient half differentiates the chunk's
-// output with respect to its input only; the weight-gradient half
-// differentiates it again with respect to the parameters (autograd keeps the
-// graph in between). This re-runs the activation-gradient part of the chunk's
-// backward, so ZB-H1 costs more compute than a fused backward here; it
-// still removes the cool-down bubble.
+// Split backward (ZB-H1), Note [Deferred weight gradients] (weight_grad.h):
+// forwards run with weight-gradient deferral on, so the input-gradient pass
+// runs the whole backward graph once but records the TP linear layers'
+// weight (and fc1 bias) gradients instead of computing them; the
+// weight-gradient pass computes those matmuls later and accumulates them
+// through autograd, so DP hooks fire as usual. No part of the backward is
+// computed twice.
 //
 // Errors: every layout and size problem throws InvalidArgument before any
 // communication (sizes, divisibility of batch, micro-batches, heads,

@@ -9,6 +9,7 @@
 #include "torus/parallel/groups.h"
 #include "torus/parallel/tensor/mappings.h"
 #include "torus/parallel/tensor/random.h"
+#include "torus/parallel/tensor/weight_grad.h"
 
 namespace torus::tp {
 namespace {
@@ -52,7 +53,7 @@ at::Tensor column_parallel_linear(const at::Tensor& x, const at::Tensor& weight,
   check_features(x, weight, "column_parallel_linear");
   at::Tensor input =
       options.sequence_parallel ? gather_from_sequence_region(x, tp, /*partial_grad=*/true) : copy_to_tp_region(x, tp);
-  at::Tensor y = at::linear(input, weight, bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt);
+  at::Tensor y = tp::linear(input, weight, bias);  // Note [Deferred weight gradients]
   return options.gather_output ? gather_from_tp_region(y, tp) : y;
 }
 
@@ -66,7 +67,7 @@ at::Tensor row_parallel_linear(const at::Tensor& x, const at::Tensor& weight, co
   }
   at::Tensor input = options.input_is_parallel ? x : scatter_to_tp_region(x, tp);
   check_features(input, weight, "row_parallel_linear");
-  at::Tensor partial = at::linear(input, weight);
+  at::Tensor partial = tp::linear(input, weight);
   at::Tensor y;
   if (options.sequence_parallel) {
     check_sequence(partial, tp, "row_parallel_linear");

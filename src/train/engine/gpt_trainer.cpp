@@ -16,6 +16,7 @@
 #include "torus/parallel/groups.h"
 #include "torus/parallel/pipeline/executor.h"
 #include "torus/parallel/tensor/sharding.h"
+#include "torus/parallel/tensor/weight_grad.h"
 
 namespace torus::train {
 namespace {
@@ -99,6 +100,8 @@ struct GPTTrainer::Impl : public pp::StageCallbacks {
   };
   std::map<std::pair<int, int>, Saved> saved;
   std::vector<int> weight_passes;  // per chunk: backward (weight) passes done this step
+  std::vector<int> input_passes;   // per chunk: input-gradient passes (split backward)
+  bool split_backward = false;     // the schedule splits backward (ZB-H1): defer weight gradients
   std::vector<double> micro_losses;
 
   int stage_of(int chunk) const { return chunk * P + rank; }
@@ -111,6 +114,7 @@ struct GPTTrainer::Impl : public pp::StageCallbacks {
     const int stage = stage_of(chunk);
     Saved sv;
     at::Tensor out;
+    tp::DeferWeightGradGuard defer(split_backward);
     if (stage == 0) {
       out = model->forward(inputs.at(micro));
     } else {
@@ -134,48 +138,55 @@ struct GPTTrainer::Impl : public pp::StageCallbacks {
     return grad_output.defined() ? std::vector<at::Tensor>{grad_output} : std::vector<at::Tensor>{};
   }
 
-  void before_weight_pass(int chunk) {
-    const int done = ++weight_passes.at(chunk);
+  // Data-parallel sync overlaps the chunk's last backward: the DDP hooks
+  // start bucket all-reduces only during the pass that produces each
+  // gradient's final contribution. Fused backward: the m-th one. Split
+  // backward: the m-th input-gradient pass (gradients of everything outside
+  // tp::linear) and the m-th weight-gradient pass (the deferred linears);
+  // weight passes of earlier micro-batches that run in between accumulate
+  // silently.
+  void set_sync_for_pass(int chunk, std::vector<int>& passes) {
+    const int done = ++passes.at(chunk);
     auto& ddp = ddps.at(chunk);
-    // The chunk's last backward: its gradient hooks start the DP all-reduces.
-    if (ddp && options.overlap_grad_sync && done == layout.num_micro) ddp->set_grad_sync_enabled(true);
+    if (ddp && options.overlap_grad_sync) ddp->set_grad_sync_enabled(done == layout.num_micro);
   }
 
+  // Split backward (Note [Deferred weight gradients]): the input-gradient
+  // pass runs the whole graph once, with the linear layers' weight gradients
+  // recorded in the micro-batch's store instead of computed.
   at::Tensor backward_input(int micro, int chunk, const at::Tensor& grad_output) override {
     Saved& sv = saved.at({micro, chunk});
-    pending_grad_output[{micro, chunk}] = grad_output;
-    if (!sv.input.defined()) return {};  // stage 0: no input gradient; backward_weight does it all
-    torch::autograd::backward({sv.root}, grad_roots(grad_output), /*retain_graph=*/true, /*create_graph=*/false,
-                              {sv.input});
-    at::Tensor g = sv.input.grad();
-    TORUS_CHECK(g.defined(), Error, "pipeline: stage {} produced no input gradient for micro-batch {}",
-                stage_of(chunk), micro);
-    return g.contiguous();
+    set_sync_for_pass(chunk, input_passes);
+    tp::WeightGradStore& store = stores[{micro, chunk}];
+    {
+      tp::WeightGradStoreGuard guard(&store);
+      torch::autograd::backward({sv.root}, grad_roots(grad_output));
+    }
+    at::Tensor g;
+    if (sv.input.defined()) {
+      g = sv.input.grad();
+      TORUS_CHECK(g.defined(), Error, "pipeline: stage {} produced no input gradient for micro-batch {}",
+                  stage_of(chunk), micro);
+      g = g.contiguous();
+    }
+    saved.erase({micro, chunk});
+    return g;
   }
 
-  std::map<std::pair<int, int>, at::Tensor> pending_grad_output;  // split backward: BI -> BW
+  std::map<std::pair<int, int>, tp::WeightGradStore> stores;  // split backward: BI -> BW
 
   void backward_weight(int micro, int chunk) override {
-    Saved& sv = saved.at({micro, chunk});
-    at::Tensor grad_output;
-    auto it = pending_grad_output.find({micro, chunk});
-    if (it != pending_grad_output.end()) {
-      grad_output = it->second;
-      pending_grad_output.erase(it);
-    } else {
-      TORUS_CHECK(false, Error, "pipeline: weight gradient of micro-batch {} chunk {} before its input gradient", micro,
-                  chunk);
-    }
-    before_weight_pass(chunk);
-    std::vector<at::Tensor> params = chunks.at(chunk)->parameters();
-    torch::autograd::backward({sv.root}, grad_roots(grad_output), /*retain_graph=*/false, /*create_graph=*/false,
-                              params);
-    saved.erase({micro, chunk});
+    auto it = stores.find({micro, chunk});
+    TORUS_CHECK(it != stores.end(), Error,
+                "pipeline: weight gradient of micro-batch {} chunk {} before its input gradient", micro, chunk);
+    set_sync_for_pass(chunk, weight_passes);
+    it->second.flush();
+    stores.erase(it);
   }
 
   at::Tensor backward(int micro, int chunk, const at::Tensor& grad_output) override {
     Saved& sv = saved.at({micro, chunk});
-    before_weight_pass(chunk);
+    set_sync_for_pass(chunk, weight_passes);
     torch::autograd::backward({sv.root}, grad_roots(grad_output));
     at::Tensor g;
     if (sv.input.defined()) {
@@ -334,6 +345,10 @@ GPTTrainer::GPTTrainer(comm::ProcessGroupPtr world, models::GPTConfig model, Par
   // Edge shapes are agreed on the first step (Note [Shape agreement]).
   m.executor = std::make_unique<pp::PipelineExecutor>(m.pp_group, eo);
   m.weight_passes.assign(m.V, 0);
+  m.input_passes.assign(m.V, 0);
+  for (const auto& actions : m.schedule.actions) {
+    for (const auto& a : actions) m.split_backward |= a.kind == pp::ActionKind::kBackwardInput;
+  }
 
   std::vector<std::string> stages = describe_stages();
   for (int c = 0; c < m.V; ++c) {
@@ -357,8 +372,9 @@ StepStats GPTTrainer::train_step(const at::Tensor& batch, double lr) {
     if (ddp) ddp->set_grad_sync_enabled(false);
   }
   std::fill(m.weight_passes.begin(), m.weight_passes.end(), 0);
+  std::fill(m.input_passes.begin(), m.input_passes.end(), 0);
   m.saved.clear();
-  m.pending_grad_output.clear();
+  m.stores.clear();
   m.last_result = m.executor->run(m.schedule, m);
   const auto t_pipe = Clock::now();
 
