@@ -7,6 +7,9 @@
     torus-dp        Python: torus.models.GPT + torus.parallel.DistributedDataParallel
     torch-ddp       Python: torus.models.GPT + torch DistributedDataParallel on gloo
     torch-ddp-view  the same, gradient_as_bucket_view=True
+    torch-ddp fused-adamw   torch-ddp with torch.optim.AdamW(fused=True)
+    torus-cpp dp torch-adamw  torus-cpp dp with torch::optim::AdamW instead of
+                    Torus's fused AdamW (torus::optim::AdamW, the default)
     torus-cpp dp-nosync, py nosync   the same ranks and batches with no gradient
                     sync at all: the limit each data-parallel row can reach here
   tensor parallelism against one process, global batch 8:
@@ -61,6 +64,10 @@ def cases(args):
         ("torus-cpp dp-nosync", mpirun(args, 2) + [exe, "--mode", "dp-nosync", "--threads", "1"] + common),
         ("py nosync", mpirun(args, 2) + peer + ["--impl", "nosync"] + common),
         ("torch-ddp", mpirun(args, 2) + peer + ["--impl", "torch-ddp", "--port", str(args.port)] + common),
+        ("torch-ddp fused-adamw", mpirun(args, 2) + peer + ["--impl", "torch-ddp", "--optimizer", "fused",
+                                                            "--port", str(args.port + 2)] + common),
+        ("torus-cpp dp torch-adamw", mpirun(args, 2) + [exe, "--mode", "dp", "--threads", "1", "--optimizer", "torch"]
+         + common),
         ("torus-dp", mpirun(args, 2) + peer + ["--impl", "torus-dp"] + common),
         ("torch-ddp-view", mpirun(args, 2) + peer + ["--impl", "torch-ddp-view", "--port", str(args.port + 1)] + common),
         ("torus-cpp tp", mpirun(args, 2) + [exe, "--mode", "tp", "--threads", "1"] + common),
@@ -121,6 +128,8 @@ def ratios_of(rows):
         "Torus DP (Python) / its no-sync limit": ratio(rows, "torus-dp", "py nosync"),
         "torch DDP gloo / its no-sync limit": ratio(rows, "torch-ddp", "py nosync"),
         "Torus DP (C++) / torch DDP gloo": ratio(rows, "torus-cpp dp", "torch-ddp"),
+        "Torus DP (C++) / torch DDP gloo, both fused AdamW": ratio(rows, "torus-cpp dp", "torch-ddp fused-adamw"),
+        "Torus DP (C++), torch::optim::AdamW / torch DDP gloo": ratio(rows, "torus-cpp dp torch-adamw", "torch-ddp"),
         "Torus DP (Python) / torch DDP gloo": ratio(rows, "torus-dp", "torch-ddp"),
         "Torus DP (Python) / torch DDP gloo (bucket view)": ratio(rows, "torus-dp", "torch-ddp-view"),
         "TP=2 (2 ranks) / one process, 1 thread": ratio(rows, "torus-cpp tp", "torus-cpp single x1"),

@@ -47,6 +47,8 @@ def main():
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--bucket-mb", type=float, default=25.0)
     p.add_argument("--port", type=int, default=29533)
+    p.add_argument("--optimizer", choices=["default", "fused"], default="default",
+                   help="torch.optim.AdamW as constructed by default, or with fused=True")
     p.add_argument("--json", default="")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
@@ -94,7 +96,8 @@ def main():
         def all_reduce(t, op):
             tw.all_reduce(t, op=op).wait()
 
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1,
+                            **({"fused": True} if args.optimizer == "fused" else {}))
     losses, step_s = [], []
     t0 = None
     for step in range(args.warmup + args.steps):

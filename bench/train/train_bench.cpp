@@ -25,6 +25,8 @@
 #include <ATen/TensorOperators.h>
 #include <torch/optim/adamw.h>
 
+#include "torus/optim/adamw.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -53,6 +55,7 @@ struct Options {
   int steps = 10, warmup = 3, threads = 1;
   double bucket_mb = 25.0;
   bool sp = false;
+  std::string optimizer = "fused";  // fused (torus::optim::AdamW) | torch (torch::optim::AdamW)
   std::string json;
 };
 
@@ -60,7 +63,7 @@ struct Options {
   std::fprintf(stderr,
                "%s\nusage: torus-bench-train [--mode dp|dp-nosync|tp|single] [--layers 4] [--hidden 256] [--heads 8]\n"
                "  [--seq 128] [--vocab 8192] [--batch 8 (global)] [--steps 10] [--warmup 3] [--threads 1]\n"
-               "  [--bucket-mb 25] [--sp] [--json FILE]\n",
+               "  [--bucket-mb 25] [--sp] [--optimizer fused|torch] [--json FILE]\n",
                msg);
   std::exit(2);
 }
@@ -97,6 +100,8 @@ Options parse(int argc, char** argv) {
       o.bucket_mb = std::stod(value());
     else if (a == "--sp")
       o.sp = true;
+    else if (a == "--optimizer")
+      o.optimizer = value();
     else if (a == "--json")
       o.json = value();
     else if (a == "--help" || a == "-h")
@@ -104,6 +109,7 @@ Options parse(int argc, char** argv) {
     else
       usage(("unknown option " + a).c_str());
   }
+  if (o.optimizer != "fused" && o.optimizer != "torch") usage("--optimizer must be fused or torch");
   if (o.mode != "dp" && o.mode != "dp-nosync" && o.mode != "tp" && o.mode != "single") {
     usage("--mode must be dp, dp-nosync, tp or single");
   }
@@ -152,7 +158,16 @@ int main(int argc, char** argv) {
     d.bucket_cap_bytes = static_cast<int64_t>(o.bucket_mb * (1 << 20));
     ddp = std::make_unique<dp::DistributedDataParallel>(model, groups, d);
   }
-  torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(3e-4).weight_decay(0.1));
+  // AdamW, lr 3e-4, weight decay 0.1 on every parameter (as the Python peers).
+  std::unique_ptr<torch::optim::AdamW> torch_opt;
+  std::unique_ptr<optim::AdamW> fused_opt;
+  if (o.optimizer == "torch") {
+    torch_opt = std::make_unique<torch::optim::AdamW>(model->parameters(),
+                                                      torch::optim::AdamWOptions(3e-4).weight_decay(0.1));
+  } else {
+    fused_opt = std::make_unique<optim::AdamW>(std::vector<optim::ParamGroup>{{model->parameters(), 0.1}},
+                                               optim::AdamWOptions{.lr = 3e-4});
+  }
   int64_t params = 0;
   for (const auto& p : model->parameters()) params += p.numel();
 
@@ -178,11 +193,17 @@ int main(int argc, char** argv) {
     at::Tensor d = batch_tokens(o, step).chunk(dp, 0)[groups.dp_rank()];
     at::Tensor loss = model->loss(d.narrow(1, 0, o.seq).contiguous(), d.narrow(1, 1, o.seq).contiguous());
     loss.backward();
-    opt.step();
+    if (torch_opt) {
+      torch_opt->step();
+    } else {
+      fused_opt->step();
+    }
     if (ddp) {
       ddp->zero_grad();
+    } else if (torch_opt) {
+      torch_opt->zero_grad();
     } else {
-      opt.zero_grad();
+      fused_opt->zero_grad();
     }
     step_s.push_back(seconds(Clock::now() - s0));
     losses.push_back(loss.item<double>());

@@ -35,7 +35,7 @@
 //     the two pipeline ranks of each dp x tp coordinate).
 //  5. Gradient clipping by the global norm, computed once over all stages and
 //     shards (optim::clip_grad_norm over the pp x tp group), then one AdamW
-//     step (weight decay on matrices and embeddings only). A non-finite norm
+//     step (optim::AdamW, fused; weight decay on matrices and embeddings only). A non-finite norm
 //     skips the step on every rank (StepStats::skipped).
 //
 // Split backward (ZB-H1), Note [Deferred weight gradients] (weight_grad.h):

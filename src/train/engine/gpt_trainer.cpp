@@ -3,7 +3,6 @@
 #include <ATen/Functions.h>
 #include <ATen/TensorOperators.h>
 #include <torch/csrc/autograd/autograd.h>
-#include <torch/optim/adamw.h>
 
 #include <chrono>
 #include <cmath>
@@ -11,6 +10,7 @@
 #include <utility>
 
 #include "core/log.h"
+#include "torus/optim/adamw.h"
 #include "torus/optim/clip.h"
 #include "torus/parallel/data/ddp.h"
 #include "torus/parallel/groups.h"
@@ -83,7 +83,7 @@ struct GPTTrainer::Impl : public pp::StageCallbacks {
   std::vector<models::GPTPart> stage_parts;  // all S stages
   std::vector<std::shared_ptr<models::GPT>> chunks;
   std::vector<std::unique_ptr<dp::DistributedDataParallel>> ddps;  // per chunk, null if nothing to reduce
-  std::unique_ptr<torch::optim::AdamW> optimizer;
+  std::unique_ptr<optim::AdamW> optimizer;
   std::vector<optim::GradNormEntry> norm_entries;
   at::Tensor tied_param;  // this rank's copy of a tied embedding shared with another stage
 
@@ -327,16 +327,9 @@ GPTTrainer::GPTTrainer(comm::ProcessGroupPtr world, models::GPTConfig model, Par
       m.norm_entries.push_back({p, counted});
     }
   }
-  std::vector<torch::optim::OptimizerParamGroup> param_groups;
-  auto opts = [&](double wd) {
-    return std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(optim.lr)
-                                                            .betas({optim.beta1, optim.beta2})
-                                                            .eps(optim.eps)
-                                                            .weight_decay(wd));
-  };
-  if (!decay.empty()) param_groups.emplace_back(decay, opts(optim.weight_decay));
-  if (!no_decay.empty()) param_groups.emplace_back(no_decay, opts(0.0));
-  m.optimizer = std::make_unique<torch::optim::AdamW>(param_groups, torch::optim::AdamWOptions(optim.lr));
+  m.optimizer = std::make_unique<optim::AdamW>(
+      std::vector<optim::ParamGroup>{{decay, optim.weight_decay}, {no_decay, 0.0}},
+      optim::AdamWOptions{.lr = optim.lr, .beta1 = optim.beta1, .beta2 = optim.beta2, .eps = optim.eps});
 
   pp::ExecutorOptions eo;
   eo.device = config_.device;
@@ -395,10 +388,7 @@ StepStats GPTTrainer::train_step(const at::Tensor& batch, double lr) {
   const optim::ClipResult clip = optim::clip_grad_norm(m.norm_entries, m.optim.grad_clip, m.mp_group);
   StepStats st;
   if (clip.finite) {
-    for (auto& group : m.optimizer->param_groups()) {
-      static_cast<torch::optim::AdamWOptions&>(group.options()).lr(step_lr);
-    }
-    m.optimizer->step();
+    m.optimizer->step(step_lr);
   } else {
     st.skipped = true;
     TORUS_LOG_WARN("trainer: step {} skipped: the gradient norm is {}", m.steps + 1, clip.norm);
