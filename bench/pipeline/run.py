@@ -4,6 +4,12 @@
 and 4 pipeline ranks and m = 4, 8, 16 micro-batches.
 
     python3 bench/pipeline/run.py --build-dir build [--quick]
+    python3 bench/pipeline/run.py --model --build-dir build [--quick]
+
+--model runs the schedules on the real model instead (run_model.py, which
+takes the remaining options; see its --help): tokens/s, measured vs
+theoretical bubble and activation memory per stage, written to
+pipeline_model.{json,txt,png}. What follows is the emulated benchmark.
 
 It starts one `mpirun -np P torus-bench-pipeline` per P (bench/pipeline/
 main.cpp; every stage's compute is a fixed-duration sleep, so that 4 ranks fit
@@ -161,6 +167,10 @@ def plot(records, path):
 
 
 def main():
+    if "--model" in sys.argv[1:]:
+        sys.path.insert(0, str(HERE))
+        import run_model
+        return run_model.main([a for a in sys.argv[1:] if a != "--model"])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build-dir", default=str(REPO / "build"))
     ap.add_argument("--out-dir", default=str(REPO / "bench" / "results"))
@@ -171,6 +181,8 @@ def main():
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--quick", action="store_true", help="t = 5 ms, 1 timed step: a smoke run")
+    ap.add_argument("--model", action="store_true",
+                    help="run the real-model benchmark instead (run_model.py; the other options are its own)")
     ap.add_argument("--timeout", type=int, default=900, help="seconds per mpirun")
     ap.add_argument("--mpirun", default="mpirun")
     ap.add_argument("--mpirun-args", default="--oversubscribe --bind-to none --mca btl self,vader,tcp "
