@@ -155,22 +155,9 @@ struct GPTTrainer::Impl : public pp::StageCallbacks {
   // pass runs the whole graph once, with the linear layers' weight gradients
   // recorded in the micro-batch's store instead of computed.
   at::Tensor backward_input(int micro, int chunk, const at::Tensor& grad_output) override {
-    Saved& sv = saved.at({micro, chunk});
     set_sync_for_pass(chunk, input_passes);
-    tp::WeightGradStore& store = stores[{micro, chunk}];
-    {
-      tp::WeightGradStoreGuard guard(&store);
-      torch::autograd::backward({sv.root}, grad_roots(grad_output));
-    }
-    at::Tensor g;
-    if (sv.input.defined()) {
-      g = sv.input.grad();
-      TORUS_CHECK(g.defined(), Error, "pipeline: stage {} produced no input gradient for micro-batch {}",
-                  stage_of(chunk), micro);
-      g = g.contiguous();
-    }
-    saved.erase({micro, chunk});
-    return g;
+    tp::WeightGradStoreGuard guard(&stores[{micro, chunk}]);
+    return run_backward(micro, chunk, grad_output);
   }
 
   std::map<std::pair<int, int>, tp::WeightGradStore> stores;  // split backward: BI -> BW
@@ -185,8 +172,14 @@ struct GPTTrainer::Impl : public pp::StageCallbacks {
   }
 
   at::Tensor backward(int micro, int chunk, const at::Tensor& grad_output) override {
-    Saved& sv = saved.at({micro, chunk});
     set_sync_for_pass(chunk, weight_passes);
+    return run_backward(micro, chunk, grad_output);
+  }
+
+  // Backward through (micro, chunk)'s graph, freeing it; returns the gradient
+  // with respect to the chunk's input (undefined on stage 0).
+  at::Tensor run_backward(int micro, int chunk, const at::Tensor& grad_output) {
+    Saved& sv = saved.at({micro, chunk});
     torch::autograd::backward({sv.root}, grad_roots(grad_output));
     at::Tensor g;
     if (sv.input.defined()) {
