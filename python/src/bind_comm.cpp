@@ -26,6 +26,13 @@ Duration to_ms(std::optional<double> seconds) {
   return Duration(static_cast<int64_t>(*seconds * 1000.0 + 0.5));
 }
 
+ReduceOp to_op(const py::object& op) {
+  if (py::isinstance<py::str>(op)) return reduce_op_from_name(op.cast<std::string>());
+  return op.cast<ReduceOp>();
+}
+
+}  // namespace
+
 // Note [Tensors from Python]: an op's Work holds its tensors until the op
 // completes, and the host backends complete ops on their progress thread. If
 // that thread dropped the last reference to a tensor that has a Python
@@ -39,13 +46,6 @@ at::Tensor unpy(const at::Tensor& t) {
   return at::empty({0}, t.options().requires_grad(false))
       .set_(t.storage(), t.storage_offset(), t.sizes(), t.strides());
 }
-
-ReduceOp to_op(const py::object& op) {
-  if (py::isinstance<py::str>(op)) return reduce_op_from_name(op.cast<std::string>());
-  return op.cast<ReduceOp>();
-}
-
-}  // namespace
 
 void bind_comm(py::module_& m) {
   py::enum_<ReduceOp>(m, "ReduceOp", "Reduction of all_reduce, reduce_scatter and reduce.")

@@ -7,6 +7,11 @@
     mesh = torus.DeviceMesh(world, [("dp", 2), ("tp", 2)])
     mesh.group("tp").all_gather(x, out).wait()
 
+Submodules: `torus.parallel` (tensor/sequence/data-parallel layers),
+`torus.models` (the reference GPT), `torus.pipeline` (schedules, simulator,
+executor with Python stage callbacks) and `torus.train` (the 3D GPTTrainer and
+the utilities of a training run).
+
 Every collective returns a `Work`; call `wait()` before reading the output.
 Errors are raised as `torus.Error` subclasses: `InvalidArgument` (also a
 ValueError), `CommError`, `TimeoutError` (also the builtin TimeoutError) and
@@ -31,6 +36,7 @@ from ._C import (  # noqa: F401
     log_level,
     set_log_level,
 )
+from . import models, parallel, pipeline, train  # noqa: E402,F401  (after _C: they import it)
 
 __all__ = [
     "CommError",
@@ -45,5 +51,9 @@ __all__ = [
     "build_info",
     "init",
     "log_level",
+    "models",
+    "parallel",
+    "pipeline",
     "set_log_level",
+    "train",
 ]

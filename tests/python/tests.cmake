@@ -4,5 +4,15 @@ if(TORUS_BUILD_PYTHON)
     torus_add_mpi_test(NAME python_comm_np${_np} NP ${_np} LABELS "python" TIMEOUT 300
                        COMMAND ${CMAKE_CURRENT_LIST_DIR}/run_pytest.sh ${TORUS_PYTHON_EXECUTABLE} ${PROJECT_BINARY_DIR}/python
                                ${CMAKE_CURRENT_LIST_DIR}/test_comm.py)
+    # torus.pipeline (schedules, executor with Python callbacks) and torus.train (GPTTrainer vs one process).
+    torus_add_mpi_test(NAME python_pipeline_np${_np} NP ${_np} LABELS "python;pipeline" TIMEOUT 400
+                       COMMAND ${CMAKE_CURRENT_LIST_DIR}/run_pytest.sh ${TORUS_PYTHON_EXECUTABLE} ${PROJECT_BINARY_DIR}/python
+                               ${CMAKE_CURRENT_LIST_DIR}/test_pipeline.py)
   endforeach()
+
+  # examples/python/train_gpt.py: --help, a bad flag, and a PP=2 run on 2 ranks (metrics, log, plot).
+  add_test(NAME python_train_example
+           COMMAND ${TORUS_PYTHON_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/train_example_test.py ${TORUS_PYTHON_EXECUTABLE}
+                   ${PROJECT_BINARY_DIR}/python ${TORUS_MPIEXEC} ${TORUS_TEST_MPIRUN_FLAGS} -x TORUS_LOG_LEVEL=warn)
+  set_tests_properties(python_train_example PROPERTIES TIMEOUT 600 LABELS "multirank;np2;python;train" PROCESSORS 1)
 endif()

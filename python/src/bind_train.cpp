@@ -1,0 +1,361 @@
+// Bindings of torus::train (torus._C.train): the 3D GPT trainer and the
+// utilities of a training run (learning-rate schedule, byte corpus and batch
+// sampler, step line and memory, PNG plot).
+//
+// GPTTrainer's constructor, train_step, evaluate and gather_local_parameters
+// communicate and take long: they release the GIL. Batches from Python reach
+// C++ through unpy (Note [Tensors from Python], bind_comm.cpp).
+#include <ATen/Functions.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "bindings.h"
+#include "torus/comm/process_group.h"
+#include "torus/core/error.h"
+#include "torus/models/gpt.h"
+#include "torus/train/corpus.h"
+#include "torus/train/gpt_trainer.h"
+#include "torus/train/lr_schedule.h"
+#include "torus/train/metrics.h"
+#include "torus/train/plot.h"
+
+namespace py = pybind11;
+
+namespace torus::python {
+namespace {
+
+using Release = py::call_guard<py::gil_scoped_release>;
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+pp::ScheduleKind kind_of(const py::object& kind) {
+  if (py::isinstance<py::str>(kind)) return pp::schedule_kind_from_name(kind.cast<std::string>());
+  return kind.cast<pp::ScheduleKind>();
+}
+
+// torus.models.GPTConfig (the Python dataclass) or torus._C.models.GPTConfig.
+models::GPTConfig native_config(const py::object& config) {
+  if (py::hasattr(config, "to_native")) return config.attr("to_native")().cast<models::GPTConfig>();
+  return config.cast<models::GPTConfig>();
+}
+
+// The bytes of a buffer (bytes, bytearray, memoryview, a uint8 array).
+std::vector<uint8_t> buffer_bytes(const py::buffer& b) {
+  py::buffer_info info = b.request();
+  if (info.ndim > 1) {
+    for (py::ssize_t d = info.ndim - 1, expect = info.itemsize; d >= 0; --d) {
+      if (info.strides[d] != expect) throw torus::InvalidArgument("the data buffer must be contiguous");
+      expect *= info.shape[d];
+    }
+  } else if (info.ndim == 1 && info.strides[0] != info.itemsize) {
+    throw torus::InvalidArgument("the data buffer must be contiguous");
+  }
+  const size_t n = static_cast<size_t>(info.size * info.itemsize);
+  std::vector<uint8_t> out(n);
+  if (n > 0) std::memcpy(out.data(), info.ptr, n);
+  return out;
+}
+
+py::bytes to_bytes(const std::vector<uint8_t>& v) {
+  return py::bytes(reinterpret_cast<const char*>(v.data()), v.size());
+}
+
+at::Tensor tokens_tensor(const std::vector<int64_t>& tokens, int64_t rows, int64_t cols) {
+  at::Tensor t = at::empty({rows, cols}, at::TensorOptions().dtype(at::kLong));
+  std::memcpy(t.data_ptr<int64_t>(), tokens.data(), tokens.size() * sizeof(int64_t));
+  return t;
+}
+
+// A BatchSampler that owns its bytes (the C++ sampler only views them).
+class OwningSampler {
+ public:
+  OwningSampler(std::vector<uint8_t> data, int64_t seq_len, int64_t batch, uint64_t seed, std::string name)
+      : data_(std::make_shared<const std::vector<uint8_t>>(std::move(data))),
+        sampler_(*data_, seq_len, batch, seed, std::move(name)) {}
+
+  const train::BatchSampler& sampler() const { return sampler_; }
+  size_t data_size() const { return data_->size(); }
+
+ private:
+  std::shared_ptr<const std::vector<uint8_t>> data_;
+  train::BatchSampler sampler_;
+};
+
+void bind_layout(py::module_& m) {
+  py::class_<train::ParallelLayout>(m, "ParallelLayout", "How the world is cut: tp x pp x dp, schedule, micro-batches.")
+      .def(py::init([](int tp, int pp, int dp, bool sequence_parallel, const py::object& schedule, int num_micro,
+                       int num_chunks, std::vector<int64_t> layers_per_stage) {
+             train::ParallelLayout l;
+             l.tp = tp;
+             l.pp = pp;
+             l.dp = dp;
+             l.sequence_parallel = sequence_parallel;
+             l.schedule = kind_of(schedule);
+             l.num_micro = num_micro;
+             l.num_chunks = num_chunks;
+             l.layers_per_stage = std::move(layers_per_stage);
+             return l;
+           }),
+           py::arg("tp") = 1, py::arg("pp") = 1, py::arg("dp") = 1, py::kw_only(), py::arg("sequence_parallel") = false,
+           py::arg("schedule") = pp::ScheduleKind::k1F1B, py::arg("num_micro") = 1, py::arg("num_chunks") = 1,
+           py::arg("layers_per_stage") = std::vector<int64_t>{},
+           "schedule: a torus.pipeline.ScheduleKind or its name (\"gpipe\", \"1f1b\", \"interleaved\", \"zb-h1\").")
+      .def_readwrite("tp", &train::ParallelLayout::tp)
+      .def_readwrite("pp", &train::ParallelLayout::pp)
+      .def_readwrite("dp", &train::ParallelLayout::dp)
+      .def_readwrite("sequence_parallel", &train::ParallelLayout::sequence_parallel)
+      .def_property(
+          "schedule", [](const train::ParallelLayout& l) { return l.schedule; },
+          [](train::ParallelLayout& l, const py::object& k) { l.schedule = kind_of(k); })
+      .def_readwrite("num_micro", &train::ParallelLayout::num_micro)
+      .def_readwrite("num_chunks", &train::ParallelLayout::num_chunks)
+      .def_readwrite("layers_per_stage", &train::ParallelLayout::layers_per_stage)
+      .def_property_readonly("num_stages", &train::ParallelLayout::num_stages)
+      .def("validate", &train::ParallelLayout::validate, py::arg("world_size"),
+           "Raises torus.InvalidArgument naming the problem.")
+      .def("describe", &train::ParallelLayout::describe, "\"tp=2 pp=2 dp=2, 1f1b, m=4\"")
+      .def("__repr__",
+           [](const train::ParallelLayout& l) { return "<torus.train.ParallelLayout " + l.describe() + ">"; });
+
+  py::class_<train::OptimizerConfig>(m, "OptimizerConfig", "AdamW and global-norm clipping of the trainer.")
+      .def(py::init([](double lr, double weight_decay, double beta1, double beta2, double eps, double grad_clip) {
+             return train::OptimizerConfig{lr, weight_decay, beta1, beta2, eps, grad_clip};
+           }),
+           py::kw_only(), py::arg("lr") = 3e-4, py::arg("weight_decay") = 0.1, py::arg("beta1") = 0.9,
+           py::arg("beta2") = 0.95, py::arg("eps") = 1e-8, py::arg("grad_clip") = 1.0)
+      .def_readwrite("lr", &train::OptimizerConfig::lr)
+      .def_readwrite("weight_decay", &train::OptimizerConfig::weight_decay)
+      .def_readwrite("beta1", &train::OptimizerConfig::beta1)
+      .def_readwrite("beta2", &train::OptimizerConfig::beta2)
+      .def_readwrite("eps", &train::OptimizerConfig::eps)
+      .def_readwrite("grad_clip", &train::OptimizerConfig::grad_clip, "max global L2 norm; 0: no clipping");
+
+  py::class_<train::TrainerOptions>(m, "TrainerOptions")
+      .def(py::init([](int64_t bucket_cap_bytes, bool overlap_grad_sync, int recv_prefetch, bool record_trace) {
+             return train::TrainerOptions{bucket_cap_bytes, overlap_grad_sync, recv_prefetch, record_trace};
+           }),
+           py::kw_only(), py::arg("bucket_cap_bytes") = int64_t{25} << 20, py::arg("overlap_grad_sync") = true,
+           py::arg("recv_prefetch") = 2, py::arg("record_trace") = false)
+      .def_readwrite("bucket_cap_bytes", &train::TrainerOptions::bucket_cap_bytes)
+      .def_readwrite("overlap_grad_sync", &train::TrainerOptions::overlap_grad_sync)
+      .def_readwrite("recv_prefetch", &train::TrainerOptions::recv_prefetch)
+      .def_readwrite("record_trace", &train::TrainerOptions::record_trace);
+
+  py::class_<train::StepStats>(m, "StepStats", "What one train_step did (the same on every rank, times aside).")
+      .def_readonly("step", &train::StepStats::step)
+      .def_readonly("loss", &train::StepStats::loss)
+      .def_readonly("grad_norm", &train::StepStats::grad_norm)
+      .def_readonly("clip_coefficient", &train::StepStats::clip_coefficient)
+      .def_readonly("skipped", &train::StepStats::skipped)
+      .def_readonly("seconds", &train::StepStats::seconds)
+      .def_readonly("pipeline_seconds", &train::StepStats::pipeline_seconds)
+      .def_readonly("sync_seconds", &train::StepStats::sync_seconds)
+      .def_readonly("tokens", &train::StepStats::tokens)
+      .def_readonly("peak_live", &train::StepStats::peak_live)
+      .def("__repr__", [](const train::StepStats& s) {
+        return "<torus.train.StepStats step " + std::to_string(s.step) + " loss " + std::to_string(s.loss) +
+               " grad_norm " + std::to_string(s.grad_norm) + (s.skipped ? " skipped" : "") + ">";
+      });
+}
+
+void bind_trainer(py::module_& m) {
+  using train::GPTTrainer;
+  py::class_<GPTTrainer, std::shared_ptr<GPTTrainer>>(
+      m, "GPTTrainer", "GPT trained with tensor, sequence, pipeline and data parallelism (gpt_trainer.h).")
+      .def(py::init([](comm::ProcessGroupPtr world, const py::object& config, train::ParallelLayout layout,
+                       train::OptimizerConfig optim, train::TrainerOptions options) {
+             models::GPTConfig native = native_config(config);
+             py::gil_scoped_release release;
+             return std::make_shared<GPTTrainer>(std::move(world), std::move(native), std::move(layout), optim,
+                                                 options);
+           }),
+           py::arg("world"), py::arg("config"), py::arg("layout"), py::arg("optim") = train::OptimizerConfig{},
+           py::arg("options") = train::TrainerOptions{},
+           "Collective over world. config: torus.models.GPTConfig (or the native one).")
+      .def(
+          "train_step",
+          [](GPTTrainer& t, const at::Tensor& batch, double lr) {
+            at::Tensor b = unpy(batch);
+            py::gil_scoped_release release;
+            return t.train_step(b, lr);
+          },
+          py::arg("batch"), py::arg("lr") = -1.0,
+          "One optimizer step on [global_batch, seq + 1] int64 tokens, the same on every rank. lr < 0: the "
+          "OptimizerConfig's. Collective; releases the GIL.")
+      .def(
+          "evaluate",
+          [](GPTTrainer& t, const at::Tensor& batch) {
+            at::Tensor b = unpy(batch);
+            py::gil_scoped_release release;
+            return t.evaluate(b);
+          },
+          py::arg("batch"), "Mean token loss without gradients. Collective; releases the GIL.")
+      .def(
+          "gather_local_parameters",
+          [](const GPTTrainer& t) {
+            std::map<std::string, at::Tensor> params;
+            {
+              py::gil_scoped_release release;
+              params = t.gather_local_parameters();
+              for (auto& [name, p] : params) p = p.detach().clone();
+            }
+            py::dict out;
+            for (auto& [name, p] : params) out[py::str(name)] = std::move(p);
+            return out;
+          },
+          "Copies of the full (TP-gathered) parameters this rank holds, by single-process name. Collective over tp.")
+      .def("num_parameters", &GPTTrainer::num_parameters)
+      .def("flops_per_token", &GPTTrainer::flops_per_token, py::arg("seq_len"))
+      .def("is_logging_rank", &GPTTrainer::is_logging_rank)
+      .def("describe_stages", &GPTTrainer::describe_stages)
+      .def("schedule", &GPTTrainer::schedule, "This step's pipeline schedule (a copy).")
+      .def_property_readonly("layout", &GPTTrainer::layout)
+      .def_property_readonly("model_config", &GPTTrainer::model_config)
+      .def("steps_taken", &GPTTrainer::steps_taken)
+      .def("last_pipeline_result", &GPTTrainer::last_pipeline_result, "The executor's StepResult of the last step.")
+      .def(
+          "group", [](const GPTTrainer& t, const std::string& dim) { return t.mesh().group(dim); }, py::arg("dim"),
+          "The mesh group along \"pp\", \"dp\" or \"tp\".")
+      .def(
+          "coord", [](const GPTTrainer& t, const std::string& dim) { return t.mesh().coord(dim); }, py::arg("dim"),
+          "This rank's coordinate along a mesh dimension.");
+}
+
+void bind_data(py::module_& m) {
+  py::class_<train::LrSchedule>(m, "LrSchedule", "Linear warm-up, then cosine decay to a floor (lr_schedule.h).")
+      .def(py::init([](double peak, double min, int64_t warmup_steps, int64_t total_steps) {
+             train::LrSchedule s{peak, min, warmup_steps, total_steps};
+             s.validate();
+             return s;
+           }),
+           py::arg("peak") = 3e-4, py::arg("min") = 3e-5, py::arg("warmup_steps") = 0, py::arg("total_steps") = 1)
+      .def_readwrite("peak", &train::LrSchedule::peak)
+      .def_readwrite("min", &train::LrSchedule::min)
+      .def_readwrite("warmup_steps", &train::LrSchedule::warmup_steps)
+      .def_readwrite("total_steps", &train::LrSchedule::total_steps)
+      .def("validate", &train::LrSchedule::validate)
+      .def("at", &train::LrSchedule::at, py::arg("step"), "The rate of 0-based step.")
+      .def("__call__", &train::LrSchedule::at, py::arg("step"));
+
+  py::class_<train::CorpusSplit>(m, "CorpusSplit", "Training part and the held-out end of a corpus (bytes).")
+      .def_property_readonly("train", [](const train::CorpusSplit& s) { return to_bytes(s.train); })
+      .def_property_readonly("val", [](const train::CorpusSplit& s) { return to_bytes(s.val); });
+
+  py::class_<train::Corpus>(m, "Corpus", "A byte corpus: a file, or a directory of files joined by newlines.")
+      .def_static("load", &train::Corpus::load, py::arg("path"), Release(), "Reads a file or a directory.")
+      .def_static(
+          "from_bytes",
+          [](const py::buffer& data, std::string source) {
+            return train::Corpus::from_bytes(buffer_bytes(data), std::move(source));
+          },
+          py::arg("data"), py::arg("source") = "<memory>")
+      .def_property_readonly(
+          "data", [](const train::Corpus& c) { return to_bytes(c.bytes()); }, "The bytes (a copy).")
+      .def_property_readonly("source", &train::Corpus::source)
+      .def_property_readonly("files", &train::Corpus::files)
+      .def("__len__", &train::Corpus::size)
+      .def("split", &train::Corpus::split, py::arg("val_fraction"),
+           "val: the last round(size * val_fraction) bytes; train: the rest.");
+  m.def("default_corpus_path", &train::default_corpus_path);
+
+  py::class_<OwningSampler, std::shared_ptr<OwningSampler>>(
+      m, "BatchSampler", "Deterministic windows of seq_len + 1 bytes (Note [Deterministic batches]); owns a copy.")
+      .def(py::init([](const py::buffer& data, int64_t seq_len, int64_t batch, uint64_t seed, std::string name) {
+             return std::make_shared<OwningSampler>(buffer_bytes(data), seq_len, batch, seed, std::move(name));
+           }),
+           py::arg("data"), py::arg("seq_len"), py::arg("batch"), py::arg("seed"), py::arg("name") = "corpus")
+      .def_property_readonly("seq_len", [](const OwningSampler& s) { return s.sampler().seq_len(); })
+      .def_property_readonly("batch_size", [](const OwningSampler& s) { return s.sampler().batch_size(); })
+      .def_property_readonly("window", [](const OwningSampler& s) { return s.sampler().window(); })
+      .def_property_readonly("num_offsets", [](const OwningSampler& s) { return s.sampler().num_offsets(); })
+      .def("__len__", &OwningSampler::data_size)
+      .def(
+          "offset", [](const OwningSampler& s, int64_t step, int64_t row) { return s.sampler().offset(step, row); },
+          py::arg("step"), py::arg("row"))
+      .def(
+          "batch",
+          [](const OwningSampler& s, int64_t step) {
+            const auto& b = s.sampler();
+            return tokens_tensor(b.batch(step), b.batch_size(), b.window());
+          },
+          py::arg("step"), "The batch of step: an int64 tensor [batch, seq_len + 1].")
+      .def(
+          "rows",
+          [](const OwningSampler& s, int64_t step, int64_t first_row, int64_t count) {
+            const auto& b = s.sampler();
+            return tokens_tensor(b.rows(step, first_row, count), count, b.window());
+          },
+          py::arg("step"), py::arg("first_row"), py::arg("count"), "Rows of the batch of step: [count, seq_len + 1].");
+}
+
+void bind_report(py::module_& m) {
+  m.def(
+      "format_step_line",
+      [](int64_t step, std::optional<double> loss, std::optional<double> val_loss, std::optional<double> grad_norm,
+         std::optional<double> lr, std::optional<double> tokens_per_s, std::optional<double> mfu,
+         std::optional<double> mem_bytes) {
+        train::StepLine s;
+        s.step = step;
+        s.loss = loss.value_or(kNaN);
+        s.val_loss = val_loss.value_or(kNaN);
+        s.grad_norm = grad_norm.value_or(kNaN);
+        s.lr = lr.value_or(kNaN);
+        s.tokens_per_s = tokens_per_s.value_or(kNaN);
+        s.mfu = mfu.value_or(kNaN);
+        s.mem_bytes = mem_bytes.value_or(kNaN);
+        return train::format_step_line(s);
+      },
+      py::arg("step"), py::kw_only(), py::arg("loss") = py::none(), py::arg("val_loss") = py::none(),
+      py::arg("grad_norm") = py::none(), py::arg("lr") = py::none(), py::arg("tokens_per_s") = py::none(),
+      py::arg("mfu") = py::none(), py::arg("mem_bytes") = py::none(),
+      "\"step 40 | loss 2.31 | val 2.40 | grad_norm 0.82 | lr 3.0e-4 | 1520 tok/s | MFU 11% | mem 1.3 GiB\"; "
+      "fields that are None or NaN are left out; mfu is a fraction.");
+  m.def("format_bytes", &train::format_bytes, py::arg("bytes"));
+  m.def("format_duration", &train::format_duration, py::arg("seconds"));
+  m.def("peak_rss_bytes", &train::peak_rss_bytes, "Peak resident set size of this process.");
+  m.def("current_rss_bytes", &train::current_rss_bytes);
+  m.def("render_progress", &train::ProgressBar::render, py::arg("done"), py::arg("total"), py::arg("tokens_per_s"),
+        py::arg("eta_s"), py::arg("width") = 30,
+        "The text of one progress bar: \"[####....] 40/200 step | 1520 tok/s | eta 1m12s\".");
+  m.def(
+      "write_line_plot_png",
+      [](const std::string& path,
+         const std::vector<
+             std::tuple<std::string, std::tuple<int, int, int>, std::vector<double>, std::vector<double>>>& series,
+         std::string title, std::string x_label, std::string y_label, int width, int height) {
+        train::PlotSpec spec;
+        spec.title = std::move(title);
+        spec.x_label = std::move(x_label);
+        spec.y_label = std::move(y_label);
+        spec.width = width;
+        spec.height = height;
+        for (const auto& [name, rgb, xs, ys] : series) {
+          const auto [r, g, b] = rgb;
+          spec.series.push_back(
+              {name, train::Rgb{static_cast<uint8_t>(r), static_cast<uint8_t>(g), static_cast<uint8_t>(b)}, xs, ys});
+        }
+        py::gil_scoped_release release;
+        train::write_line_plot_png(path, spec);
+      },
+      py::arg("path"), py::arg("series"), py::arg("title") = "", py::arg("x_label") = "", py::arg("y_label") = "",
+      py::arg("width") = 900, py::arg("height") = 560,
+      "A line plot as PNG with no dependencies; series: (name, (r, g, b), xs, ys) tuples.");
+}
+
+}  // namespace
+
+void bind_train(py::module_& m) {
+  auto train = m.def_submodule("train", "The 3D GPT trainer and training utilities (torus::train).");
+  bind_layout(train);
+  bind_trainer(train);
+  bind_data(train);
+  bind_report(train);
+}
+
+}  // namespace torus::python
