@@ -51,7 +51,8 @@ void Work::finish(std::exception_ptr error) {
   std::vector<std::shared_ptr<void>> keep;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (done_) return;
+    if (done_ || finishing_) return;
+    finishing_ = true;
     callbacks.swap(callbacks_);
   }
   for (auto& fn : callbacks) {
@@ -61,19 +62,29 @@ void Work::finish(std::exception_ptr error) {
       if (!error) error = std::current_exception();
     }
   }
+  // Release the op's tensors before any waiter wakes (Note [Work lifetime]):
+  // a tensor may own a Python object whose release needs the GIL, which a
+  // woken waiter would take back; released here, while every waiter is
+  // still blocked (without the GIL), it can always proceed.
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    releasing_ = true;
+    keep.swap(keep_alive_);
+  }
+  keep.clear();  // outside the lock
   {
     std::lock_guard<std::mutex> lock(mu_);
     done_ = true;
     error_ = error;
-    keep.swap(keep_alive_);
   }
   cv_.notify_all();
-  keep.clear();  // release tensors outside the lock
 }
 
 void Work::keep_alive(std::shared_ptr<void> object) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!done_) keep_alive_.push_back(std::move(object));
+  // Once the op is finishing its buffers are no longer used: `object` is
+  // released when this returns.
+  if (!done_ && !releasing_) keep_alive_.push_back(std::move(object));
 }
 
 void Work::on_complete(std::function<void(std::exception_ptr)> fn) {

@@ -76,8 +76,8 @@ class Work {
   const WorkInfo& info() const { return info_; }
 
   // --- backend side -------------------------------------------------------------
-  // Exactly one of these is called once. They release keep-alive objects,
-  // run completion callbacks, then wake waiters.
+  // Exactly one of these is called once. They run completion callbacks,
+  // release keep-alive objects, then wake waiters.
   void mark_completed();
   void mark_failed(std::exception_ptr error);
 
@@ -85,7 +85,7 @@ class Work {
   void keep_alive(std::shared_ptr<void> object);
 
   // Registers `fn` to run when the op finishes, in the completing thread,
-  // before waiters wake and before keep-alive objects are released; runs it at
+  // before keep-alive objects are released and waiters wake; runs it at
   // once if the Work is already complete. Used by backends for
   // post-processing (e.g. casting an f32 staging buffer back to bf16). `fn`
   // receives the op's exception (nullptr on success); if it throws, the Work
@@ -101,6 +101,8 @@ class Work {
   bool done_ = false;
   std::exception_ptr error_;
   std::vector<std::shared_ptr<void>> keep_alive_;
+  bool finishing_ = false;  // finish() has begun (a second call returns at once)
+  bool releasing_ = false;  // finish() has taken the keep-alive objects
   std::vector<std::function<void(std::exception_ptr)>> callbacks_;
 };
 
