@@ -48,15 +48,18 @@ TEST_P(KilledPeer, OthersFailNamingItAndExitCleanly) {
     const size_t count = size_t{4} << 20;  // 16 MiB of f32: long enough to be caught in flight
     std::vector<float> x(count, 1.f);
     b.all_reduce(x.data(), x.data(), 1024, DType::kF32, ReduceOp::kSum, Ms(20000))->wait();
-    b.barrier(Ms(20000))->wait();
-    WorkPtr w = b.all_reduce(x.data(), x.data(), count, DType::kF32, ReduceOp::kSum, deadline);
-    if (rank == k.victim) {
-      std::this_thread::sleep_for(Ms(5));
-      ::raise(SIGKILL);
-    }
     auto t0 = Clock::now();
     std::string message;
     try {
+      // A rank still finishing the barrier when the group breaks (the
+      // victim leaves it first and dies 5 ms later) fails it instead.
+      b.barrier(Ms(20000))->wait();
+      WorkPtr w = b.all_reduce(x.data(), x.data(), count, DType::kF32, ReduceOp::kSum, deadline);
+      if (rank == k.victim) {
+        std::this_thread::sleep_for(Ms(5));
+        ::raise(SIGKILL);
+      }
+      t0 = Clock::now();
       w->wait();
       // The victim may have finished its part before dying; then the op can
       // legitimately succeed here. A second op must fail.
@@ -193,10 +196,12 @@ TEST(Lifetime, DestroyingTheWorldFailsPendingOps) {
     FabricOptions fo;
     fo.provider = "tcp";
     Fabric other(fo);
-    std::vector<uint8_t> blob(4 + other.address_length());
-    int32_t pid = ::getpid();
+    // pid, provider mark fd (-1: none), address (create_world_backend).
+    std::vector<uint8_t> blob(8 + other.address_length());
+    int32_t pid = ::getpid(), no_fd = -1;
     std::memcpy(blob.data(), &pid, 4);
-    std::memcpy(blob.data() + 4, other.address().data(), other.address_length());
+    std::memcpy(blob.data() + 4, &no_fd, 4);
+    std::memcpy(blob.data() + 8, other.address().data(), other.address_length());
     BackendInit init;
     init.launch = &launch;
     init.hosts = &hosts;

@@ -73,8 +73,22 @@ void OfiWork::wait(std::chrono::milliseconds timeout) {
 
 // --- Engine ------------------------------------------------------------------------
 
-Engine::Engine(std::unique_ptr<Fabric> fabric, int world_rank, std::vector<pid_t> local_pids, EngineOptions options)
-    : fabric_(std::move(fabric)), world_rank_(world_rank), local_pids_(std::move(local_pids)), options_(options) {
+Engine::Engine(std::unique_ptr<Fabric> fabric, int world_rank, std::vector<pid_t> local_pids,
+               std::vector<int> mark_fds, std::unique_ptr<ProviderMark> mark, EngineOptions options)
+    : fabric_(std::move(fabric)),
+      world_rank_(world_rank),
+      local_pids_(std::move(local_pids)),
+      gone_(new std::atomic<bool>[local_pids_.size()]),
+      options_(options),
+      mark_(std::move(mark)) {
+  fabric_->set_mark(mark_.get());
+  peers_.reserve(local_pids_.size());
+  for (size_t w = 0; w < local_pids_.size(); ++w) {
+    gone_[w].store(false, std::memory_order_relaxed);
+    const bool local = static_cast<int>(w) != world_rank_ && local_pids_[w] > 0;
+    const int fd = w < mark_fds.size() ? mark_fds[w] : -1;
+    peers_.emplace_back(local ? local_pids_[w] : 0, local ? fd : -1);
+  }
   post_control_recvs();
   thread_ = std::thread([this] { thread_main(); });
 }
@@ -82,10 +96,11 @@ Engine::Engine(std::unique_ptr<Fabric> fabric, int world_rank, std::vector<pid_t
 Engine::~Engine() {
   {
     // Give abort notices a moment to leave: a rank that failed usually tears
-    // down right away, and closing the endpoint would drop them.
+    // down right away, and closing the endpoint would drop them. (A wedged
+    // endpoint completes nothing any more: Note [Wedged endpoint].)
     std::lock_guard<std::mutex> driver(driver_mu_);
     auto until = Clock::now() + std::chrono::milliseconds(200);
-    while (control_sends_ > 0 && Clock::now() < until) {
+    while (control_sends_ > 0 && !wedged_.load() && Clock::now() < until) {
       retry_posts();
       drain_cq();
       std::this_thread::yield();
@@ -131,6 +146,10 @@ Engine::~Engine() {
   graveyard_regs_.clear();
   scratch_pool_.clear();
   fabric_.reset();
+}
+
+bool guards_local_peers(const std::string& provider) {
+  return provider == "shm" || provider == "efa" || provider.rfind("shm;", 0) == 0 || provider.rfind("efa;", 0) == 0;
 }
 
 pid_t Engine::local_pid(int world) const {
@@ -426,6 +445,7 @@ bool Engine::step(Op& op, std::vector<Completion>& done) {
 }
 
 void Engine::fail(Op& op, std::exception_ptr error, std::vector<Completion>& done) {
+  const int suspect = op.ctx ? op.ctx->failed_peer() : -1;
   if (op.ctx) op.ctx->abandon();
   std::string what;
   try {
@@ -443,19 +463,22 @@ void Engine::fail(Op& op, std::exception_ptr error, std::vector<Completion>& don
   } catch (...) {
   }
   // A failure caused by a peer's death often shows up first as an error on
-  // another link; name the dead same-host processes so the cause is clear.
-  std::vector<int> dead;
+  // another link (e.g. a live peer that already failed because of it and
+  // freed its buffers); name the dying same-host processes so the cause is
+  // clear. Thorough: the kernel shows a killed process as exiting long
+  // before it has terminated.
+  std::vector<std::string> dead;
   for (int w : op.group->member_world) {
-    if (!peer_alive(w) && what.find(fmt::format("world rank {} ", w)) == std::string::npos) dead.push_back(w);
+    if (w == world_rank_ || !peer_gone(w, true)) continue;
+    if (what.find(fmt::format("world rank {} ", w)) == std::string::npos) dead.push_back(describe_gone(w));
   }
   if (!dead.empty()) {
-    std::string note = fmt::format("; note: world rank(s) {} on this host have exited", fmt::join(dead, ", "));
-    what += note;
+    what += fmt::format("; note: {}", fmt::join(dead, "; "));
     error = timed_out ? std::make_exception_ptr(TimeoutError(what)) : std::make_exception_ptr(CommError(what));
   }
   if (op.group->set_broken(what)) {
     TORUS_LOG_WARN("ofi: group '{}' is broken: {}", op.group->name, what);
-    if (!timed_out) announce(*op.group, what);
+    if (!timed_out) announce(*op.group, what, suspect);
   }
   finish(op, error, done);
 }
@@ -522,10 +545,25 @@ bool Engine::check_liveness(Op& op, std::vector<Completion>& done) {
   return true;
 }
 
-bool Engine::peer_alive(int world) const {
-  pid_t pid = local_pid(world);
-  if (pid <= 0) return true;  // not on this host: the provider or the deadline tells
-  return ::kill(pid, 0) == 0 || errno != ESRCH;
+bool Engine::peer_gone(int world, bool thorough) const {
+  if (world < 0 || static_cast<size_t>(world) >= peers_.size()) return false;
+  const size_t w = static_cast<size_t>(world);
+  if (gone_[w].load(std::memory_order_acquire)) return true;
+  const PeerProcess& p = peers_[w];
+  if (!p.watched()) return false;  // not on this host: the provider or the deadline tells
+  // Cheap: one load when the peer's mark is mapped (a peer that died outside
+  // the provider left nothing to hang on); without a mark, nothing (sends
+  // to a dead peer cannot hang then; the liveness check finds it).
+  const bool gone = thorough ? p.dying() : p.provider_state() == PeerProcess::State::kDiedInside;
+  if (!gone) return false;
+  if (!gone_[w].exchange(true, std::memory_order_acq_rel)) {
+    TORUS_LOG_DEBUG("ofi: {}", describe_gone(world));
+  }
+  return true;
+}
+
+std::string Engine::describe_gone(int world) const {
+  return fmt::format("world rank {} (pid {}) on this host has exited", world, local_pid(world));
 }
 
 }  // namespace torus::comm::ofi

@@ -32,6 +32,26 @@
 // own (every rank reports its own TimeoutError), and abort() is local.
 // Pending requests of a failed op are cancelled; their completions are
 // swallowed when they arrive.
+//
+// Note [Never send to the dead]: a send to a same-host peer is handed to the
+// provider only while no thread of that peer is inside the provider and no
+// other sender is in a send to it (the inbox handshake of liveness.h, Note
+// [Dead local peers]: with shm, a send whose receiver's lock is held by a
+// process that died inside the provider spins forever); meanwhile it waits
+// in the engine's queue of unposted requests, as when the provider is full. A send to a peer
+// known to be gone fails at once with CommError naming the peer. Known gone:
+// it died inside the provider (its mark says so), its process terminated
+// (without a mark to read), a failure or the periodic liveness check found
+// it dying, or an abort notice said so. Abort notices skip gone peers and
+// the peer whose link just failed.
+//
+// Note [Wedged endpoint]: progress and receive posts wait while a same-host
+// sender is inside a send to this rank (its inbox count, liveness.h). When
+// the count stays up for kInboxWedgeAfter and a same-host peer is gone, that
+// peer died inside the send, holding this rank's region lock: the endpoint
+// is wedged for good. Every group of the world breaks (CommError naming the
+// peer; peers are told), nothing polls the CQ again, and teardown closes the
+// endpoint without waiting for anything.
 #pragma once
 
 #include <sys/types.h>
@@ -52,6 +72,7 @@
 #include <vector>
 
 #include "comm/ofi/fabric.h"
+#include "comm/ofi/liveness.h"
 #include "comm/ofi/task.h"
 #include "comm/ofi/tags.h"
 #include "torus/comm/work.h"
@@ -223,6 +244,9 @@ class OpCtx {
   // or -1.
   int find_dead_local_peer() const;
 
+  // World rank of the peer of the request whose failure failed this op, or -1.
+  int failed_peer() const { return failed_peer_; }
+
   Task root;
 
  private:
@@ -231,6 +255,7 @@ class OpCtx {
   Op& op_;
   Suspension susp_;
   Request* live_ = nullptr;  // intrusive list of this op's live requests
+  int failed_peer_ = -1;
   std::vector<std::unique_ptr<Scratch>> scratch_;
   struct Registration {
     const char* base;
@@ -263,6 +288,13 @@ struct OpWith final : Op {
   Body body;
 };
 
+inline constexpr std::chrono::milliseconds kInboxWedgeAfter{20};
+
+// Whether `provider`'s sends to a same-host peer take a lock in that peer's
+// shared memory (Note [Dead local peers]): shm, and efa (which hands
+// same-host traffic to shm). Only then do ranks publish provider marks.
+bool guards_local_peers(const std::string& provider);
+
 struct EngineOptions {
   std::chrono::microseconds standby_poll{200};  // engine thread's nap while others drive
   std::chrono::milliseconds idle_to_sleep{50};  // then it sleeps until the next submit
@@ -271,8 +303,12 @@ struct EngineOptions {
 class Engine : public std::enable_shared_from_this<Engine> {
  public:
   // `local_pids[w]` is the pid of world rank w when it runs on this host
-  // (liveness checks), else 0. Starts the engine thread.
-  Engine(std::unique_ptr<Fabric> fabric, int world_rank, std::vector<pid_t> local_pids, EngineOptions options = {});
+  // (liveness checks), else 0; `mark_fds[w]` its published
+  // ProviderMark::shared_fd() (-1 or empty: unknown). `mark` is this rank's
+  // (published before; null: none, for providers whose sends cannot hang on
+  // a dead peer: guards_local_peers()). Starts the engine thread.
+  Engine(std::unique_ptr<Fabric> fabric, int world_rank, std::vector<pid_t> local_pids,
+         std::vector<int> mark_fds = {}, std::unique_ptr<ProviderMark> mark = nullptr, EngineOptions options = {});
   ~Engine();  // fails every outstanding op with CommError and stops the thread
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -308,8 +344,14 @@ class Engine : public std::enable_shared_from_this<Engine> {
   void post(Request* r);
   // Polls the CQ once; returns whether anything completed.
   bool drain_cq();
-  // False when world rank `world` runs on this host and its process is gone.
-  bool peer_alive(int world) const;
+  // Whether world rank `world` runs on this host and is known to be gone
+  // (Note [Never send to the dead]): a sticky verdict, else a check —
+  // cheap (its mark says it died inside the provider; without a mark, its
+  // process terminated) or, with `thorough`, also whether its process is
+  // being torn down (liveness.h). A positive answer sticks. Thread safe.
+  bool peer_gone(int world, bool thorough = false) const;
+  // "world rank 3 (pid 1234) on this host has exited".
+  std::string describe_gone(int world) const;
   std::unique_ptr<Scratch> lend_scratch(size_t bytes);
   void return_scratch(std::unique_ptr<Scratch> s);
   // Keeps memory that cancelled operations may still point at until the
@@ -334,13 +376,37 @@ class Engine : public std::enable_shared_from_this<Engine> {
   void complete(std::vector<Completion>& done);
   void handle_control(Request* r);
   void post_control_recvs();
-  void announce(GroupState& g, const std::string& reason);
+  // Tells g's other ranks that it broke, except `skip` (a world rank whose
+  // link just failed) and peers known to be gone.
+  void announce(GroupState& g, const std::string& reason, int skip = -1);
+  // Fails a send that must not reach the provider (its peer is gone).
+  void refuse(Request* r);
+  // Whether the provider may take request `r` now: a send kPost, kDefer
+  // (another sender is in a send to its same-host peer; try_post() may
+  // still defer it while the peer is inside the provider) or kRefuse (its
+  // peer is gone; Note [Never send to the dead]); a receive kDefer while
+  // this rank's inbox is busy (own_region_free()).
+  enum class Gate { kPost, kDefer, kRefuse };
+  Gate gate(const Request* r);
+  // Whether this rank may enter a provider call that takes its own region
+  // lock (progress, receive posts); may wedge the endpoint (Note [Wedged
+  // endpoint]).
+  bool own_region_free();
+  void wedge(int world);
+  void repost_control(size_t i);
   void thread_main();
 
   std::unique_ptr<Fabric> fabric_;
   int world_rank_;
   std::vector<pid_t> local_pids_;
+  std::vector<PeerProcess> peers_;                 // by world rank; unwatched when not on this host
+  std::unique_ptr<std::atomic<bool>[]> gone_;      // by world rank: known gone (sticky)
   EngineOptions options_;
+
+  std::unique_ptr<ProviderMark> mark_;  // held by the fabric inside provider calls; may be null
+  std::atomic<bool> wedged_{false};     // Note [Wedged endpoint]
+  Clock::time_point inbox_busy_since_{}, next_wedge_scan_{};
+  std::vector<size_t> control_reposts_;  // control receives to repost once the inbox is free
 
   // Driver state (driver_mu_).
   std::mutex driver_mu_;

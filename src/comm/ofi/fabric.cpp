@@ -119,12 +119,26 @@ Fabric::Fabric(const FabricOptions& options) {
   TORUS_CHECK_OFI(fi_av_open(domain_.get(), &av_attr, &av, nullptr), "fi_av_open");
   av_.reset(av);
 
-  fid_ep* ep = nullptr;
-  TORUS_CHECK_OFI(fi_endpoint(domain_.get(), info_.get(), &ep, nullptr), "fi_endpoint");
-  ep_.reset(ep);
-  TORUS_CHECK_OFI(fi_ep_bind(ep_.get(), &av_->fid, 0), "fi_ep_bind(av)");
-  TORUS_CHECK_OFI(fi_ep_bind(ep_.get(), &cq_->fid, FI_TRANSMIT | FI_RECV), "fi_ep_bind(cq)");
-  TORUS_CHECK_OFI(fi_enable(ep_.get()), "fi_enable");
+  // The shm provider names its region after the pid. A process killed
+  // before closing its endpoint leaves the region behind, and when its pid
+  // is recycled for a later process, enabling that one's endpoint fails
+  // with FI_EBUSY ("shm file in use") and removes the stale region: the
+  // second attempt then succeeds.
+  for (int attempt = 0;; ++attempt) {
+    fid_ep* ep = nullptr;
+    TORUS_CHECK_OFI(fi_endpoint(domain_.get(), info_.get(), &ep, nullptr), "fi_endpoint");
+    ep_.reset(ep);
+    TORUS_CHECK_OFI(fi_ep_bind(ep_.get(), &av_->fid, 0), "fi_ep_bind(av)");
+    TORUS_CHECK_OFI(fi_ep_bind(ep_.get(), &cq_->fid, FI_TRANSMIT | FI_RECV), "fi_ep_bind(cq)");
+    int rc = fi_enable(ep_.get());
+    if (rc == -FI_EBUSY && attempt < 2) {
+      TORUS_LOG_DEBUG("ofi: fi_enable({}) found a stale endpoint of a dead process; retrying", provider_);
+      ep_.reset();
+      continue;
+    }
+    TORUS_CHECK_OFI(rc, "fi_enable");
+    break;
+  }
 
   size_t len = 0;
   int name_rc = fi_getname(&ep_->fid, nullptr, &len);
@@ -162,18 +176,22 @@ std::vector<fi_addr_t> Fabric::insert_addresses(const std::vector<uint8_t>& pack
   } while (0)
 
 long Fabric::tsend(const void* buf, size_t len, void* desc, fi_addr_t dest, uint64_t tag, void* context) {
+  InProvider in(mark_);
   TORUS_OFI_POST(fi_tsend(ep_.get(), buf, len, desc, dest, tag, context), "fi_tsend");
 }
 
 long Fabric::trecv(void* buf, size_t len, void* desc, fi_addr_t src, uint64_t tag, uint64_t ignore, void* context) {
+  InProvider in(mark_);
   TORUS_OFI_POST(fi_trecv(ep_.get(), buf, len, desc, src, tag, ignore, context), "fi_trecv");
 }
 
 long Fabric::send(const void* buf, size_t len, void* desc, fi_addr_t dest, void* context) {
+  InProvider in(mark_);
   TORUS_OFI_POST(fi_send(ep_.get(), buf, len, desc, dest, context), "fi_send");
 }
 
 long Fabric::recv(void* buf, size_t len, void* desc, void* context) {
+  InProvider in(mark_);
   TORUS_OFI_POST(fi_recv(ep_.get(), buf, len, desc, FI_ADDR_UNSPEC, context), "fi_recv");
 }
 
@@ -192,14 +210,19 @@ long Fabric::write(const void* buf, size_t len, void* desc, fi_addr_t dest, uint
   msg.rma_iov = &rma;
   msg.rma_iov_count = 1;
   msg.context = context;
+  InProvider in(mark_);
   TORUS_OFI_POST(fi_writemsg(ep_.get(), &msg, FI_COMPLETION | FI_DELIVERY_COMPLETE), "fi_writemsg");
 }
 
 #undef TORUS_OFI_POST
 
-void Fabric::cancel(void* context) { (void)fi_cancel(&ep_->fid, context); }
+void Fabric::cancel(void* context) {
+  InProvider in(mark_);
+  (void)fi_cancel(&ep_->fid, context);
+}
 
 int Fabric::poll(fi_cq_tagged_entry* out, int max, CqError* error) {
+  InProvider in(mark_);
   ssize_t n = fi_cq_read(cq_.get(), out, static_cast<size_t>(max));
   if (n > 0) return static_cast<int>(n);
   if (n == -FI_EAGAIN) return 0;

@@ -30,6 +30,8 @@
 #include <string>
 #include <vector>
 
+#include "comm/ofi/liveness.h"
+
 namespace torus::comm::ofi {
 
 // Every libfabric object is owned by a unique_ptr whose deleter closes it.
@@ -130,6 +132,10 @@ class Fabric {
   // is then read into *error.
   int poll(fi_cq_tagged_entry* out, int max, CqError* error);
 
+  // Posting, cancelling and polling hold `mark` while inside the provider
+  // (liveness.h, Note [Dead local peers]); null: none. Set before use.
+  void set_mark(ProviderMark* mark) { mark_ = mark; }
+
   // Registers [buf, buf+len) for `access` (FI_SEND|FI_RECV|FI_WRITE|
   // FI_REMOTE_WRITE...). Throws CommError.
   MemoryRegion register_memory(const void* buf, size_t len, uint64_t access, MemoryKind kind = MemoryKind::kHost,
@@ -149,6 +155,7 @@ class Fabric {
   bool needs_local_mr_ = false;
   size_t max_msg_size_ = 0;
   uint64_t next_key_ = 1;
+  ProviderMark* mark_ = nullptr;
 };
 
 }  // namespace torus::comm::ofi

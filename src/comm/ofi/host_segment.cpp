@@ -11,6 +11,7 @@
 #include <cstring>
 #include <thread>
 
+#include "comm/ofi/liveness.h"
 #include "core/log.h"
 
 namespace torus::comm::ofi {
@@ -177,7 +178,7 @@ int HostSegment::find_dead_member() const {
   for (int i = 0; i < local_size_; ++i) {
     if (i == local_rank_) continue;
     pid_t pid = control(i).pid;
-    if (pid > 0 && ::kill(pid, 0) < 0 && errno == ESRCH) return control(i).world_rank;
+    if (process_dying(pid)) return control(i).world_rank;
   }
   return -1;
 }

@@ -25,7 +25,7 @@
 //
 // Failure: a member that breaks the group sets the header's abort word (with
 // its reason); waiters see it at once. A waiter also checks, at most every
-// 50 ms, that the peers it waits for still exist (kill(pid, 0)).
+// 50 ms, that the peers it waits for are not dying or gone (liveness.h).
 #pragma once
 
 #include <sys/types.h>

@@ -382,30 +382,40 @@ BackendPtr create_world_backend(const BackendInit& init, const OfiOptions& given
     std::random_device rd;
     store.set_string("nonce", fmt::format("{:08x}{:08x}{:08x}", rd(), rd(), ::getpid()));
   }
-  std::vector<uint8_t> blob(sizeof(int32_t) + fabric->address_length());
-  int32_t pid = ::getpid();
+  // What a rank publishes: its pid and the fd of its provider mark (same-
+  // host liveness, liveness.h; -1 without one), then its endpoint address.
+  constexpr size_t kHeader = 2 * sizeof(int32_t);
+  std::unique_ptr<ProviderMark> mark;
+  if (guards_local_peers(fabric->provider())) mark = std::make_unique<ProviderMark>();
+  std::vector<uint8_t> blob(kHeader + fabric->address_length());
+  int32_t pid = ::getpid(), mark_fd = mark ? mark->shared_fd() : -1;
   std::memcpy(blob.data(), &pid, sizeof(pid));
-  std::memcpy(blob.data() + sizeof(pid), fabric->address().data(), fabric->address_length());
+  std::memcpy(blob.data() + sizeof(pid), &mark_fd, sizeof(mark_fd));
+  std::memcpy(blob.data() + kHeader, fabric->address().data(), fabric->address_length());
   store.set(fmt::format("addr/{}", rank), blob);
   world->nonce = store.get_string("nonce", world->timeout);
 
   std::vector<uint8_t> packed;
   std::vector<pid_t> local_pids(static_cast<size_t>(size), 0);
+  std::vector<int> mark_fds(static_cast<size_t>(size), -1);
   for (int r = 0; r < size; ++r) {
     std::vector<uint8_t> b = store.get(fmt::format("addr/{}", r), world->timeout);
     TORUS_CHECK(b.size() == blob.size(), CommError,
                 "ofi: rank {} published a {}-byte address, this rank's is {} bytes: ranks use different providers "
                 "(set FI_PROVIDER or TORUS_OFI_PROVIDER the same on every rank)",
-                r, b.size() - std::min(b.size(), sizeof(int32_t)), fabric->address_length());
-    int32_t p;
+                r, b.size() - std::min(b.size(), kHeader), fabric->address_length());
+    int32_t p, fd;
     std::memcpy(&p, b.data(), sizeof(p));
+    std::memcpy(&fd, b.data() + sizeof(p), sizeof(fd));
     if (hosts.host_of_rank[static_cast<size_t>(r)] == hosts.host_of_rank[static_cast<size_t>(rank)]) {
       local_pids[static_cast<size_t>(r)] = p;
+      mark_fds[static_cast<size_t>(r)] = fd;
     }
-    packed.insert(packed.end(), b.begin() + sizeof(int32_t), b.end());
+    packed.insert(packed.end(), b.begin() + static_cast<long>(kHeader), b.end());
   }
   world->addr = fabric->insert_addresses(packed, static_cast<size_t>(size));
-  world->engine = std::make_shared<Engine>(std::move(fabric), rank, std::move(local_pids));
+  world->engine = std::make_shared<Engine>(std::move(fabric), rank, std::move(local_pids), std::move(mark_fds),
+                                           std::move(mark));
 
   GroupInfo gi;
   gi.name = "world";

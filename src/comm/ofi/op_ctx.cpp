@@ -54,6 +54,13 @@ Request* OpCtx::post(bool is_send, const PeerView& v, int peer, void* buf, size_
     engine_.release(r);
     throw;
   }
+  if (r->state == Request::State::kFailed) {  // refused: the peer is gone (Note [Never send to the dead])
+    std::string error = std::move(r->error);
+    engine_.release(r);
+    failed_peer_ = v.world[static_cast<size_t>(peer)];
+    throw CommError(fmt::format("{} failed: {} world rank {} ({} bytes): {}", info().describe(),
+                                is_send ? "send to" : "recv from", failed_peer_, bytes, error));
+  }
   r->next = live_;
   if (live_ != nullptr) live_->prev = r;
   live_ = r;
@@ -63,6 +70,7 @@ Request* OpCtx::post(bool is_send, const PeerView& v, int peer, void* buf, size_
 void OpCtx::finish(Request* r) {
   if (r == nullptr) return;
   if (r->state == Request::State::kFailed) {
+    failed_peer_ = r->peer;
     throw CommError(fmt::format("{} failed: {} world rank {} ({} bytes): {}", info().describe(), r->what, r->peer,
                                 r->bytes, r->error));
   }
@@ -117,8 +125,12 @@ std::string OpCtx::describe_wait() const {
 }
 
 int OpCtx::find_dead_local_peer() const {
+  int checked[4] = {-1, -1, -1, -1};  // peers already found alive (most ops wait on one or two)
+  int n = 0;
   for (Request* r = live_; r != nullptr; r = r->next) {
-    if (!r->done() && !engine_.peer_alive(r->peer)) return r->peer;
+    if (r->done() || r->peer < 0 || std::find(checked, checked + n, r->peer) != checked + n) continue;
+    if (engine_.peer_gone(r->peer, true)) return r->peer;
+    if (n < 4) checked[n++] = r->peer;
   }
   return -1;
 }

@@ -6,6 +6,7 @@ if(TORUS_WITH_OFI)
     ${CMAKE_CURRENT_LIST_DIR}/fabric.cpp
     ${CMAKE_CURRENT_LIST_DIR}/engine.cpp
     ${CMAKE_CURRENT_LIST_DIR}/engine_io.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/liveness.cpp
     ${CMAKE_CURRENT_LIST_DIR}/op_ctx.cpp
     ${CMAKE_CURRENT_LIST_DIR}/algo_reduce.cpp
     ${CMAKE_CURRENT_LIST_DIR}/algo_move.cpp
