@@ -172,6 +172,9 @@ double all_reduce_scalar(const comm::ProcessGroupPtr& world, double v, comm::Red
   return t.item<double>();
 }
 
+int train(const Args& a, const train::OptionSet& options, const train::Corpus& corpus, const train::CorpusSplit& split,
+          const train::LrSchedule& lr, const comm::ProcessGroupPtr& world);
+
 int run(int argc, char** argv) {
   Args a;
   train::OptionSet options;
@@ -198,6 +201,17 @@ int run(int argc, char** argv) {
   const train::CorpusSplit split = corpus.split(a.val_fraction);
 
   comm::ProcessGroupPtr world = torus::init();
+  try {
+    return train(a, options, corpus, split, lr, world);
+  } catch (const Error&) {
+    // A dead or stuck peer: do not wait for it to check out at shutdown.
+    world->context()->mark_failed();
+    throw;
+  }
+}
+
+int train(const Args& a, const train::OptionSet& options, const train::Corpus& corpus, const train::CorpusSplit& split,
+          const train::LrSchedule& lr, const comm::ProcessGroupPtr& world) {
   const int rank = world->rank();
   const int world_size = world->size();
   {

@@ -227,7 +227,7 @@ Context::~Context() {
   }
   try {
     store_->add("torus/shutdown", 1);
-    if (server_) {
+    if (server_ && !failed_.load()) {
       auto deadline = std::chrono::steady_clock::now() + 30s;
       while (store_->add("torus/shutdown", 0) < launch_.world_size && std::chrono::steady_clock::now() < deadline) {
         std::this_thread::sleep_for(5ms);

@@ -21,6 +21,8 @@
 //    (a warning says so).
 #pragma once
 
+#include <atomic>
+
 #include <functional>
 #include <memory>
 #include <optional>
@@ -80,6 +82,12 @@ class Context {
 
   const LaunchInfo& launch() const { return launch_; }
   int rank() const { return launch_.rank; }
+
+  // Declares the job failed (a peer died or an op failed for good): at
+  // destruction rank 0 no longer waits for every rank to check out of the
+  // store (Note in ~Context), since a dead rank never will. Thread safe.
+  void mark_failed() { failed_.store(true); }
+  bool failed() const { return failed_.load(); }
   int world_size() const { return launch_.world_size; }
   const HostMap& hosts() const { return hosts_; }
   const std::shared_ptr<Store>& store() const { return store_; }
@@ -102,6 +110,7 @@ class Context {
   Duration timeout_{0};
   std::shared_ptr<void> mpi_hold_;  // keeps MPI initialised (mpi builds under mpirun)
   std::unique_ptr<TcpStoreServer> server_;
+  std::atomic<bool> failed_{false};
   std::shared_ptr<Store> store_;
   BackendPtr host_backend_;
   BackendPtr device_backend_;
