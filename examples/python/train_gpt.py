@@ -38,7 +38,7 @@ OPTIONS = [
     ("hidden", int, 128, "model width", "N"),
     ("heads", int, 4, "attention heads (divisible by --tp)", "N"),
     ("ffn", int, 0, "MLP width (0: 4 x hidden)", "N"),
-    ("seq", int, 64, "sequence length in bytes (divisible by --tp with --sp)", "N"),
+    ("seq", int, 128, "sequence length in bytes (divisible by --tp with --sp)", "N"),
     ("dropout", float, 0.0, "embedding, residual and attention dropout", "X"),
     ("tie-embeddings", bool, True, "share the input embedding with the output layer", None),
     ("dtype", str, "f32", "parameter and activation dtype: f32 or f64", "T"),
@@ -50,18 +50,18 @@ OPTIONS = [
     ("micro-batches", int, 4, "micro-batches per step on each data-parallel rank", "N"),
     ("chunks", int, 1, "virtual stages per pipeline rank (interleaved schedule)", "N"),
     ("stage-layers", str, "", "blocks per stage, e.g. 3,1 (empty: balanced by cost)", "LIST"),
-    ("steps", int, 200, "optimizer steps", "N"),
+    ("steps", int, 600, "optimizer steps", "N"),
     ("batch", int, 16, "global batch in sequences (divisible by dp x micro-batches)", "N"),
-    ("lr", float, 3e-3, "peak learning rate", "X"),
-    ("min-lr", float, 3e-4, "learning rate at the end of the cosine decay", "X"),
-    ("warmup", int, 20, "linear warm-up steps", "N"),
+    ("lr", float, 1e-3, "peak learning rate", "X"),
+    ("min-lr", float, 1e-4, "learning rate at the end of the cosine decay", "X"),
+    ("warmup", int, -1, "linear warm-up steps (-1: 30, at most steps / 10, as torus-train)", "N"),
     ("weight-decay", float, 0.1, "AdamW weight decay (matrices and embeddings)", "X"),
     ("grad-clip", float, 1.0, "clip the global gradient norm to this (0: off)", "X"),
     ("seed", int, 1234, "seed of the initialisation and the data order", "N"),
     ("data", str, "", "a text file or a directory of them (default: the licence texts every Debian system ships)",
      "PATH"),
     ("val-fraction", float, 0.1, "share of the corpus held out for validation (its end)", "X"),
-    ("eval-interval", int, 20, "steps between validation passes (0: only at the end)", "N"),
+    ("eval-interval", int, 100, "steps between validation passes (0: only at the end)", "N"),
     ("eval-batches", int, 2, "batches per validation pass", "N"),
     ("out", str, "runs/train_gpt", "output directory: metrics.jsonl, loss.png", "DIR"),
     ("log-interval", int, 1, "steps between log lines", "N"),
@@ -298,7 +298,8 @@ def run(args):
     check(args.dp >= 0, f"--dp must be >= 0, got {args.dp}")
     stage_layers = parse_list(args.stage_layers)
     schedule_kind = torus.pipeline.schedule_kind_from_name(args.schedule)
-    lr = train.LrSchedule(args.lr, args.min_lr, args.warmup, args.steps)
+    warmup = args.warmup if args.warmup >= 0 else min(30, args.steps // 10)
+    lr = train.LrSchedule(args.lr, args.min_lr, warmup, args.steps)
     corpus = train.Corpus.load(args.data or train.default_corpus_path())
     split = corpus.split(args.val_fraction)
     dtype = torch.float64 if args.dtype == "f64" else torch.float32

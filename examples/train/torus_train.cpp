@@ -109,7 +109,7 @@ void register_options(train::OptionSet& o, Args& a) {
   o.add("batch", &a.batch, "global batch in sequences (divisible by dp x micro-batches)");
   o.add("lr", &a.lr, "peak learning rate");
   o.add("min-lr", &a.min_lr, "learning rate at the end of the cosine decay");
-  o.add("warmup", &a.warmup, "linear warm-up steps");
+  o.add("warmup", &a.warmup, "linear warm-up steps (default: at most steps / 10)");
   o.add("weight-decay", &a.weight_decay, "AdamW weight decay (matrices and embeddings)");
   o.add("grad-clip", &a.grad_clip, "clip the global gradient norm to this (0: off)");
   o.add("seed", &a.seed, "seed of the initialisation and the data order");
@@ -194,7 +194,10 @@ int run(int argc, char** argv) {
                   "--steps, --batch, --log-interval and --eval-batches must be >= 1 and --eval-interval >= 0");
   require_arg(a.val_fraction > 0 && a.val_fraction < 1, "--val-fraction must be in (0, 1), got {}",
                   a.val_fraction);
-  train::LrSchedule lr{a.lr, a.min_lr, a.warmup, a.steps};
+  // The default warm-up shrinks with a short run (at most a tenth of it);
+  // an explicit --warmup is taken as given.
+  const int64_t warmup = options.is_set("warmup") ? a.warmup : std::min(a.warmup, a.steps / 10);
+  train::LrSchedule lr{a.lr, a.min_lr, warmup, a.steps};
   lr.validate();
   const std::string data_path = a.data.empty() ? train::default_corpus_path() : a.data;
   const train::Corpus corpus = train::Corpus::load(data_path);
