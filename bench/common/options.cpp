@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <stdexcept>
+#include <string>
 
 #include "sweep.h"
 
@@ -121,6 +122,47 @@ std::string sweep_options_help() {
       --json FILE        also write the results as JSON records (rank 0)
   -h, --help             this text
 )";
+}
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  size_t pos = 0;
+  while (pos <= s.size()) {
+    size_t comma = s.find(',', pos);
+    if (comma == std::string::npos) comma = s.size();
+    if (comma > pos) out.push_back(s.substr(pos, comma - pos));
+    pos = comma + 1;
+  }
+  return out;
+}
+
+int64_t parse_int(const std::string& s, const char* what, int64_t min) {
+  size_t used = 0;
+  long long v = 0;
+  try {
+    v = std::stoll(s, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != s.size() || v < min) {
+    throw std::invalid_argument(std::string(what) + " must be an integer >= " + std::to_string(min) + ", got '" + s +
+                                "'");
+  }
+  return v;
+}
+
+double parse_nonnegative(const std::string& s, const char* what, const char* unit) {
+  size_t used = 0;
+  double v = -1;
+  try {
+    v = std::stod(s, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != s.size() || !(v >= 0)) {
+    throw std::invalid_argument(std::string(what) + " must be a number >= 0" + unit + ", got '" + s + "'");
+  }
+  return v;
 }
 
 }  // namespace torus::bench

@@ -4,6 +4,8 @@
 // --json, --no-probe), with their help text. Standard library only.
 #pragma once
 
+#include <cstdint>
+
 #include <cstddef>
 #include <initializer_list>
 #include <optional>
@@ -27,6 +29,14 @@ class Args {
   std::vector<std::string> args_;
   std::vector<bool> used_;
 };
+
+// "a,b,,c" -> {"a", "b", "c"} (empty items dropped).
+std::vector<std::string> split_list(const std::string& s);
+// The whole of `s` as an integer >= min, or std::invalid_argument naming
+// `what` ("--micro must be an integer >= 1, got 'x'").
+int64_t parse_int(const std::string& s, const char* what, int64_t min);
+// The whole of `s` as a number >= 0 (`unit`, e.g. " in ms", ends the message).
+double parse_nonnegative(const std::string& s, const char* what, const char* unit = "");
 
 struct SweepOptions {
   size_t min_bytes = 8;

@@ -94,71 +94,32 @@ void print_help() {
       pp::ExecutorOptions{}.recv_prefetch);
 }
 
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  size_t pos = 0;
-  while (pos <= s.size()) {
-    size_t comma = s.find(',', pos);
-    if (comma == std::string::npos) comma = s.size();
-    if (comma > pos) out.push_back(s.substr(pos, comma - pos));
-    pos = comma + 1;
-  }
-  return out;
-}
-
-int to_int(const std::string& s, const char* what, int min) {
-  size_t used = 0;
-  int v = 0;
-  try {
-    v = std::stoi(s, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used != s.size() || v < min) {
-    throw std::invalid_argument(std::string(what) + " must be an integer >= " + std::to_string(min) + ", got '" + s +
-                                "'");
-  }
-  return v;
-}
-
-double to_ms(const std::string& s, const char* what) {
-  size_t used = 0;
-  double v = -1;
-  try {
-    v = std::stod(s, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used != s.size() || !(v >= 0)) throw std::invalid_argument(std::string(what) + " must be a time >= 0 in ms");
-  return v;
-}
-
 Options parse(int argc, char** argv) {
   Args args(argc, argv);
   Options o;
   o.help = args.flag({"-h", "--help"});
   if (auto v = args.value({"--schedules"})) {
     o.schedules.clear();
-    for (const auto& n : split(*v)) o.schedules.push_back(pp::schedule_kind_from_name(n));
+    for (const auto& n : split_list(*v)) o.schedules.push_back(pp::schedule_kind_from_name(n));
   }
   if (auto v = args.value({"--micro"})) {
     o.micro.clear();
-    for (const auto& n : split(*v)) o.micro.push_back(to_int(n, "--micro", 1));
+    for (const auto& n : split_list(*v)) o.micro.push_back(static_cast<int>(parse_int(n, "--micro", 1)));
   }
-  if (auto v = args.value({"--chunks"})) o.chunks = to_int(*v, "--chunks", 1);
-  if (auto v = args.value({"--t-forward"})) o.costs.forward = to_ms(*v, "--t-forward");
-  if (auto v = args.value({"--t-backward"})) o.costs.backward_input = to_ms(*v, "--t-backward");
-  if (auto v = args.value({"--t-weight"})) o.costs.backward_weight = to_ms(*v, "--t-weight");
+  if (auto v = args.value({"--chunks"})) o.chunks = static_cast<int>(parse_int(*v, "--chunks", 1));
+  if (auto v = args.value({"--t-forward"})) o.costs.forward = parse_nonnegative(*v, "--t-forward", " in ms");
+  if (auto v = args.value({"--t-backward"})) o.costs.backward_input = parse_nonnegative(*v, "--t-backward", " in ms");
+  if (auto v = args.value({"--t-weight"})) o.costs.backward_weight = parse_nonnegative(*v, "--t-weight", " in ms");
   if (auto v = args.value({"--work"})) {
     if (*v != "sleep" && *v != "spin") throw std::invalid_argument("--work must be sleep or spin");
     o.spin = *v == "spin";
   }
-  if (auto v = args.value({"--elements"})) o.elements = to_int(*v, "--elements", 1);
-  if (auto v = args.value({"-w", "--warmup"})) o.warmup = to_int(*v, "--warmup", 0);
-  if (auto v = args.value({"-n", "--repeats"})) o.repeats = to_int(*v, "--repeats", 1);
+  if (auto v = args.value({"--elements"})) o.elements = static_cast<int>(parse_int(*v, "--elements", 1));
+  if (auto v = args.value({"-w", "--warmup"})) o.warmup = static_cast<int>(parse_int(*v, "--warmup", 0));
+  if (auto v = args.value({"-n", "--repeats"})) o.repeats = static_cast<int>(parse_int(*v, "--repeats", 1));
   if (auto v = args.value({"--json"})) o.json = *v;
   o.verbose = args.flag({"-v", "--verbose"});
-  if (auto v = args.value({"--prefetch"})) o.prefetch = to_int(*v, "--prefetch", 0);
+  if (auto v = args.value({"--prefetch"})) o.prefetch = static_cast<int>(parse_int(*v, "--prefetch", 0));
   args.finish();
   return o;
 }

@@ -265,70 +265,31 @@ void print_help() {
       "start (counting CPU allocator); dloss = max |loss - loss of the first schedule| over all steps.\n");
 }
 
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  size_t pos = 0;
-  while (pos <= s.size()) {
-    size_t comma = s.find(',', pos);
-    if (comma == std::string::npos) comma = s.size();
-    if (comma > pos) out.push_back(s.substr(pos, comma - pos));
-    pos = comma + 1;
-  }
-  return out;
-}
-
-int64_t to_int(const std::string& s, const char* what, int64_t min) {
-  size_t used = 0;
-  long long v = 0;
-  try {
-    v = std::stoll(s, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used != s.size() || v < min) {
-    throw std::invalid_argument(std::string(what) + " must be an integer >= " + std::to_string(min) + ", got '" + s +
-                                "'");
-  }
-  return v;
-}
-
-double to_double(const std::string& s, const char* what) {
-  size_t used = 0;
-  double v = -1;
-  try {
-    v = std::stod(s, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used != s.size() || !(v >= 0)) throw std::invalid_argument(std::string(what) + " must be a number >= 0");
-  return v;
-}
-
 Options parse(int argc, char** argv) {
   Args args(argc, argv);
   Options o;
   o.help = args.flag({"-h", "--help"});
   if (auto v = args.value({"--schedules"})) {
     o.schedules.clear();
-    for (const auto& n : split(*v)) o.schedules.push_back(pp::schedule_kind_from_name(n));
+    for (const auto& n : split_list(*v)) o.schedules.push_back(pp::schedule_kind_from_name(n));
   }
   if (auto v = args.value({"--micro"})) {
     o.micro.clear();
-    for (const auto& n : split(*v)) o.micro.push_back(static_cast<int>(to_int(n, "--micro", 1)));
+    for (const auto& n : split_list(*v)) o.micro.push_back(static_cast<int>(parse_int(n, "--micro", 1)));
   }
-  if (auto v = args.value({"--chunks"})) o.chunks = static_cast<int>(to_int(*v, "--chunks", 1));
-  if (auto v = args.value({"--layers"})) o.layers = to_int(*v, "--layers", 1);
-  if (auto v = args.value({"--hidden"})) o.hidden = to_int(*v, "--hidden", 1);
-  if (auto v = args.value({"--heads"})) o.heads = to_int(*v, "--heads", 1);
-  if (auto v = args.value({"--seq"})) o.seq = to_int(*v, "--seq", 1);
-  if (auto v = args.value({"--micro-rows"})) o.micro_rows = to_int(*v, "--micro-rows", 1);
-  if (auto v = args.value({"--lr"})) o.lr = to_double(*v, "--lr");
-  if (auto v = args.value({"--seed"})) o.seed = to_int(*v, "--seed", 0);
+  if (auto v = args.value({"--chunks"})) o.chunks = static_cast<int>(parse_int(*v, "--chunks", 1));
+  if (auto v = args.value({"--layers"})) o.layers = parse_int(*v, "--layers", 1);
+  if (auto v = args.value({"--hidden"})) o.hidden = parse_int(*v, "--hidden", 1);
+  if (auto v = args.value({"--heads"})) o.heads = parse_int(*v, "--heads", 1);
+  if (auto v = args.value({"--seq"})) o.seq = parse_int(*v, "--seq", 1);
+  if (auto v = args.value({"--micro-rows"})) o.micro_rows = parse_int(*v, "--micro-rows", 1);
+  if (auto v = args.value({"--lr"})) o.lr = parse_nonnegative(*v, "--lr");
+  if (auto v = args.value({"--seed"})) o.seed = parse_int(*v, "--seed", 0);
   if (auto v = args.value({"--data"})) o.data = *v;
-  if (auto v = args.value({"--threads"})) o.threads = static_cast<int>(to_int(*v, "--threads", 0));
-  if (auto v = args.value({"-w", "--warmup"})) o.warmup = static_cast<int>(to_int(*v, "--warmup", 1));
-  if (auto v = args.value({"-n", "--repeats"})) o.repeats = static_cast<int>(to_int(*v, "--repeats", 1));
-  if (auto v = args.value({"--loss-tol"})) o.loss_tol = to_double(*v, "--loss-tol");
+  if (auto v = args.value({"--threads"})) o.threads = static_cast<int>(parse_int(*v, "--threads", 0));
+  if (auto v = args.value({"-w", "--warmup"})) o.warmup = static_cast<int>(parse_int(*v, "--warmup", 1));
+  if (auto v = args.value({"-n", "--repeats"})) o.repeats = static_cast<int>(parse_int(*v, "--repeats", 1));
+  if (auto v = args.value({"--loss-tol"})) o.loss_tol = parse_nonnegative(*v, "--loss-tol");
   if (auto v = args.value({"--json"})) o.json = *v;
   o.verbose = args.flag({"-v", "--verbose"});
   args.finish();
