@@ -37,8 +37,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
-ORDER = ["gpipe", "1f1b", "interleaved", "zb-h1"]
-COLOR = {"gpipe": "tab:gray", "1f1b": "tab:blue", "interleaved": "tab:green", "zb-h1": "tab:red"}
+from run import COLOR, ORDER, mpirun_base  # the emulated-compute driver's conventions
 MIB = float(1 << 20)
 
 
@@ -47,13 +46,6 @@ def load_average():
         return float(Path("/proc/loadavg").read_text().split()[0])
     except (OSError, ValueError, IndexError):
         return None
-
-
-def mpirun_base(args, n):
-    cmd = [shutil.which(args.mpirun) or args.mpirun, "-np", str(n)]
-    if hasattr(os, "geteuid") and os.geteuid() == 0:
-        cmd.append("--allow-run-as-root")
-    return cmd + args.mpirun_args.split()
 
 
 def run_p(args, exe, p, out):
