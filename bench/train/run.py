@@ -12,6 +12,9 @@
                     Torus's fused AdamW (torus::optim::AdamW, the default)
     torus-cpp dp-nosync, py nosync   the same ranks and batches with no gradient
                     sync at all: the limit each data-parallel row can reach here
+    torch-ddp torch.nn, torus-dp torch.nn, py nosync torch.nn   the same three
+                    on the same GPT written in plain torch.nn (torch_gpt.py),
+                    what a user of torch DDP runs; same weights and step-0 loss
   tensor parallelism against one process, global batch 8:
     torus-cpp  tp   2 ranks x 1 thread, TP=2
     torus-cpp  single  1 rank x 1 thread, and 1 rank x 2 threads (the same cores as TP=2)
@@ -70,6 +73,10 @@ def cases(args):
          + common),
         ("torus-dp", mpirun(args, 2) + peer + ["--impl", "torus-dp"] + common),
         ("torch-ddp-view", mpirun(args, 2) + peer + ["--impl", "torch-ddp-view", "--port", str(args.port + 1)] + common),
+        ("torch-ddp torch.nn", mpirun(args, 2) + peer + ["--impl", "torch-ddp", "--model", "torch",
+                                                         "--port", str(args.port + 3)] + common),
+        ("torus-dp torch.nn", mpirun(args, 2) + peer + ["--impl", "torus-dp", "--model", "torch"] + common),
+        ("py nosync torch.nn", mpirun(args, 2) + peer + ["--impl", "nosync", "--model", "torch"] + common),
         ("torus-cpp tp", mpirun(args, 2) + [exe, "--mode", "tp", "--threads", "1"] + common),
         ("torus-cpp single x1", mpirun(args, 1) + [exe, "--mode", "single", "--threads", "1"] + common),
         ("torus-cpp single x2", mpirun(args, 1) + [exe, "--mode", "single", "--threads", "2"] + common),
@@ -132,6 +139,10 @@ def ratios_of(rows):
         "Torus DP (C++), torch::optim::AdamW / torch DDP gloo": ratio(rows, "torus-cpp dp torch-adamw", "torch-ddp"),
         "Torus DP (Python) / torch DDP gloo": ratio(rows, "torus-dp", "torch-ddp"),
         "Torus DP (Python) / torch DDP gloo (bucket view)": ratio(rows, "torus-dp", "torch-ddp-view"),
+        "torch DDP gloo, torch.nn GPT / its no-sync limit": ratio(rows, "torch-ddp torch.nn", "py nosync torch.nn"),
+        "Torus DP (C++) / torch DDP gloo, torch.nn GPT": ratio(rows, "torus-cpp dp", "torch-ddp torch.nn"),
+        "Torus DP (Python) / torch DDP gloo, both torch.nn GPT": ratio(rows, "torus-dp torch.nn",
+                                                                      "torch-ddp torch.nn"),
         "TP=2 (2 ranks) / one process, 1 thread": ratio(rows, "torus-cpp tp", "torus-cpp single x1"),
         "TP=2 (2 ranks) / one process, 2 threads": ratio(rows, "torus-cpp tp", "torus-cpp single x2"),
     }
@@ -141,17 +152,17 @@ def table(rows, ratios, args):
     lines = [f"GPT {args.layers} layers, width {args.hidden}, seq {args.seq}, vocab {args.vocab}, "
              f"global batch {args.batch} ({args.batch * args.seq} tokens/step), AdamW, f32, "
              f"best of {args.reps} interleaved runs of {args.steps} steps",
-             f"{'case':<22} {'ranks x threads':>15} {'step ms':>8} {'tokens/s':>9} {'median':>7} "
+             f"{'case':<26} {'ranks x threads':>15} {'step ms':>8} {'tokens/s':>9} {'median':>7} "
              f"{'min tokens/s':>12} {'verified':>8} {'load':>5}"]
     for name, r in rows.items():
-        lines.append(f"{name:<22} {str(r['ranks']) + ' x ' + str(r['threads']):>15} {r['step_ms']:>8.0f} "
+        lines.append(f"{name:<26} {str(r['ranks']) + ' x ' + str(r['threads']):>15} {r['step_ms']:>8.0f} "
                      f"{r['tokens_per_s']:>9.0f} {r['median_tps']:>7.0f} {r['min_tps']:>12.0f} "
                      f"{str(r['verified']):>8} {r['load1']:>5.1f}")
     lines.append("(step ms and tokens/s: the best run; load: the 1-minute load average before the runs, median; "
                  "the machine has 2 cores)")
     lines.append("")
     for label, value in ratios.items():
-        lines.append(f"{label:<48} {'n/a' if value is None else f'{value:.2f}x'}")
+        lines.append(f"{label:<56} {'n/a' if value is None else f'{value:.2f}x'}")
     return "\n".join(lines)
 
 

@@ -11,6 +11,10 @@ forward is plain ATen on this rank), batch, data and optimizer
                           (the replicas drift apart; only the losses are checked)
 
 so that the data-parallel machinery is the only difference between rows.
+With --model torch the rank trains TorchGPT instead (torch_gpt.py): the same
+architecture and initial weights written in plain torch.nn, what a user of
+torch DDP would run; rank 0 checks that its step-0 loss equals that of
+torus.models.GPT on the same batch.
 Prints one JSON record (rank 0) in the format of torus-bench-train and
 verifies like it: finite losses and identical replicas after the last step.
 
@@ -49,6 +53,8 @@ def main():
     p.add_argument("--port", type=int, default=29533)
     p.add_argument("--optimizer", choices=["default", "fused"], default="default",
                    help="torch.optim.AdamW as constructed by default, or with fused=True")
+    p.add_argument("--model", choices=["torus", "torch"], default="torus",
+                   help="torus.models.GPT, or the same GPT in plain torch.nn (torch_gpt.TorchGPT)")
     p.add_argument("--json", default="")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
@@ -63,6 +69,19 @@ def main():
     cfg.num_layers, cfg.hidden, cfg.num_heads = args.layers, args.hidden, args.heads
     cfg.max_seq_len, cfg.vocab_size = args.seq, args.vocab
     model = models.GPT(cfg)
+    loss_fn = model.head.loss
+    loss0_ref = None
+    if args.model == "torch":
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from torch_gpt import TorchGPT
+        torus_model = model
+        model = TorchGPT.from_torus(torus_model, cfg)
+        loss_fn = TorchGPT.loss
+        if rank == 0:  # the loss torus.models.GPT gives on the global batch of step 0
+            d0 = batch_tokens(args, 0)
+            with torch.no_grad():
+                loss0_ref = torus_model.head.loss(torus_model(d0[:, :-1].contiguous()), d0[:, 1:].contiguous()).item()
+        del torus_model
 
     if args.impl.startswith("torch-ddp"):
         import torch.distributed as dist
@@ -107,7 +126,7 @@ def main():
         s0 = time.perf_counter()
         d = batch_tokens(args, step).chunk(world, 0)[rank]
         # Forward through the wrapper (torch DDP prepares its reducer there), loss on the logits.
-        loss = model.head.loss(ddp(d[:, :-1].contiguous()), d[:, 1:].contiguous())
+        loss = loss_fn(ddp(d[:, :-1].contiguous()), d[:, 1:].contiguous())
         loss.backward()
         opt.step()
         zero_grad()
@@ -124,15 +143,20 @@ def main():
     all_reduce(lo, "min")
     replica_diff = (hi - lo).abs().max().item() if args.impl != "nosync" else 0.0  # no-sync replicas drift
     verified = bool(torch.isfinite(l).all()) and replica_diff <= 1e-6
+    loss0_rel_diff = None
+    if loss0_ref is not None:  # the mean over ranks of the step-0 loss is the loss of the global batch
+        loss0_rel_diff = abs(l[0].item() - loss0_ref) / abs(loss0_ref)
+        verified = verified and loss0_rel_diff <= 1e-4
     measured = sorted(step_s[args.warmup:])
     record = {
-        "impl": args.impl, "mode": "dp", "ranks": world, "threads": args.threads, "dp": world, "tp": 1,
+        "impl": args.impl, "model": args.model, "mode": "dp", "ranks": world, "threads": args.threads, "dp": world, "tp": 1,
         "layers": args.layers, "hidden": args.hidden, "heads": args.heads, "seq": args.seq, "vocab": args.vocab,
         "global_batch": args.batch, "params": sum(q.numel() for q in model.parameters()), "steps": args.steps,
         "warmup": args.warmup, "wall_s": wall, "step_ms_mean": 1e3 * wall / args.steps,
         "step_ms_median": 1e3 * measured[len(measured) // 2],
         "tokens_per_s": args.batch * args.seq * args.steps / wall, "loss_first": l[0].item(),
-        "loss_last": l[-1].item(), "replica_diff": replica_diff, "verified": verified,
+        "loss_last": l[-1].item(), "replica_diff": replica_diff, "loss0_rel_diff": loss0_rel_diff,
+        "verified": verified,
     }
     if rank == 0:
         print(json.dumps(record), flush=True)

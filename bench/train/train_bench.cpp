@@ -56,6 +56,7 @@ struct Options {
   double bucket_mb = 25.0;
   bool sp = false;
   std::string optimizer = "fused";  // fused (torus::optim::AdamW) | torch (torch::optim::AdamW)
+  std::string zero_grad = "none";   // none: DDP grads set to None between steps | zero: buckets zeroed
   std::string json;
 };
 
@@ -63,7 +64,7 @@ struct Options {
   std::fprintf(stderr,
                "%s\nusage: torus-bench-train [--mode dp|dp-nosync|tp|single] [--layers 4] [--hidden 256] [--heads 8]\n"
                "  [--seq 128] [--vocab 8192] [--batch 8 (global)] [--steps 10] [--warmup 3] [--threads 1]\n"
-               "  [--bucket-mb 25] [--sp] [--optimizer fused|torch] [--json FILE]\n",
+               "  [--bucket-mb 25] [--sp] [--optimizer fused|torch] [--zero-grad none|zero] [--json FILE]\n",
                msg);
   std::exit(2);
 }
@@ -102,6 +103,8 @@ Options parse(int argc, char** argv) {
       o.sp = true;
     else if (a == "--optimizer")
       o.optimizer = value();
+    else if (a == "--zero-grad")
+      o.zero_grad = value();
     else if (a == "--json")
       o.json = value();
     else if (a == "--help" || a == "-h")
@@ -110,6 +113,7 @@ Options parse(int argc, char** argv) {
       usage(("unknown option " + a).c_str());
   }
   if (o.optimizer != "fused" && o.optimizer != "torch") usage("--optimizer must be fused or torch");
+  if (o.zero_grad != "none" && o.zero_grad != "zero") usage("--zero-grad must be none or zero");
   if (o.mode != "dp" && o.mode != "dp-nosync" && o.mode != "tp" && o.mode != "single") {
     usage("--mode must be dp, dp-nosync, tp or single");
   }
@@ -156,6 +160,8 @@ int main(int argc, char** argv) {
   if ((dp > 1 && sync) || o.sp) {
     dp::DDPOptions d;
     d.bucket_cap_bytes = static_cast<int64_t>(o.bucket_mb * (1 << 20));
+    if (std::getenv("TB_NOOVERLAP")) d.overlap = false;
+    if (std::getenv("TB_SUM")) d.average = false;
     ddp = std::make_unique<dp::DistributedDataParallel>(model, groups, d);
   }
   // AdamW, lr 3e-4, weight decay 0.1 on every parameter (as the Python peers).
@@ -183,6 +189,9 @@ int main(int argc, char** argv) {
   }
 
   std::vector<double> losses, step_s;
+  // Per-phase times (seconds) of every step: forward, backward (with the
+  // overlapped gradient sync and its finish), optimizer step, zero_grad.
+  std::vector<double> phase_s[4];
   Clock::time_point t0;
   for (int step = 0; step < o.warmup + o.steps; ++step) {
     if (step == o.warmup) {
@@ -192,20 +201,31 @@ int main(int argc, char** argv) {
     auto s0 = Clock::now();
     at::Tensor d = batch_tokens(o, step).chunk(dp, 0)[groups.dp_rank()];
     at::Tensor loss = model->loss(d.narrow(1, 0, o.seq).contiguous(), d.narrow(1, 1, o.seq).contiguous());
+    auto s1 = Clock::now();
     loss.backward();
+    if (std::getenv("TB_BARRIER")) world->barrier()->wait();
+    auto s2 = Clock::now();
     if (torch_opt) {
       torch_opt->step();
     } else {
       fused_opt->step();
     }
+    auto s3 = Clock::now();
     if (ddp) {
-      ddp->zero_grad();
+      ddp->zero_grad(o.zero_grad == "none");
     } else if (torch_opt) {
       torch_opt->zero_grad();
     } else {
       fused_opt->zero_grad();
     }
-    step_s.push_back(seconds(Clock::now() - s0));
+    auto s4 = Clock::now();
+    step_s.push_back(seconds(s4 - s0));
+    if (step >= o.warmup) {
+      phase_s[0].push_back(seconds(s1 - s0));
+      phase_s[1].push_back(seconds(s2 - s1));
+      phase_s[2].push_back(seconds(s3 - s2));
+      phase_s[3].push_back(seconds(s4 - s3));
+    }
     losses.push_back(loss.item<double>());
   }
   world->barrier()->wait();
@@ -232,6 +252,11 @@ int main(int argc, char** argv) {
   std::vector<double> measured(step_s.begin() + o.warmup, step_s.end());
   std::sort(measured.begin(), measured.end());
   const double median_ms = 1e3 * measured[measured.size() / 2];
+  double phase_ms[4];
+  for (int k = 0; k < 4; ++k) {
+    std::sort(phase_s[k].begin(), phase_s[k].end());
+    phase_ms[k] = 1e3 * phase_s[k][phase_s[k].size() / 2];
+  }
   const double tokens_per_step = static_cast<double>(o.batch * o.seq);
   const double tps = tokens_per_step * o.steps / wall;
   const auto stats = ddp ? ddp->stats() : dp::DistributedDataParallel::Stats{};
@@ -241,12 +266,14 @@ int main(int argc, char** argv) {
                   "{\"impl\": \"torus-cpp\", \"mode\": \"%s%s\", \"ranks\": %d, \"threads\": %d, \"dp\": %d, "
                   "\"tp\": %d, \"layers\": %lld, \"hidden\": %lld, \"heads\": %lld, \"seq\": %lld, \"vocab\": %lld, "
                   "\"global_batch\": %lld, \"params\": %lld, \"steps\": %d, \"warmup\": %d, \"wall_s\": %.6f, "
-                  "\"step_ms_mean\": %.3f, \"step_ms_median\": %.3f, \"tokens_per_s\": %.1f, \"loss_first\": %.6f, "
+                  "\"step_ms_mean\": %.3f, \"step_ms_median\": %.3f, \"forward_ms\": %.3f, \"backward_ms\": %.3f, "
+                  "\"optimizer_ms\": %.3f, \"zero_grad_ms\": %.3f, \"tokens_per_s\": %.1f, \"loss_first\": %.6f, "
                   "\"loss_last\": %.6f, \"loss0_rel_diff\": %.3e, \"replica_diff\": %.3e, \"buckets\": %zu, "
                   "\"buckets_overlapped\": %lld, \"verified\": %s}",
                   o.mode.c_str(), o.sp ? "+sp" : "", n, o.threads, dp, tpn, (long long)o.layers, (long long)o.hidden,
                   (long long)o.heads, (long long)o.seq, (long long)o.vocab, (long long)o.batch, (long long)params,
-                  o.steps, o.warmup, wall, 1e3 * wall / o.steps, median_ms, tps, l[0].item<double>(),
+                  o.steps, o.warmup, wall, 1e3 * wall / o.steps, median_ms, phase_ms[0], phase_ms[1], phase_ms[2],
+                  phase_ms[3], tps, l[0].item<double>(),
                   l[l.size(0) - 1].item<double>(), loss0_diff, replica_diff, ddp ? ddp->buckets().size() : size_t{0},
                   (long long)stats.buckets_started_in_backward, verified ? "true" : "false");
     std::printf("%s\n", line);

@@ -150,7 +150,7 @@ void bind_dp(py::module_& m) {
            "params: (name, tensor, shard dim, full size, gradient partial over TP) tuples.")
       .def("start_grad_sync", &DDP::start_grad_sync, Release())
       .def("finish_grad_sync", &DDP::finish_grad_sync, Release())
-      .def("zero_grad", &DDP::zero_grad, Release())
+      .def("zero_grad", &DDP::zero_grad, py::arg("set_to_none") = false, Release())
       .def("broadcast_parameters", &DDP::broadcast_parameters, Release())
       .def_property("grad_sync_enabled", &DDP::grad_sync_enabled, &DDP::set_grad_sync_enabled)
       .def("stats",

@@ -180,9 +180,10 @@ class DistributedDataParallel(torch.nn.Module):
     a backward hook as soon as it is complete and all are finished when backward
     ends, so ``loss.backward(); optimizer.step()`` sees averaged gradients.
     Replicated parameters with gradients partial over TP (``torus_shard[2]``,
-    sequence parallelism) are summed over TP as well. Use ``zero_grad()`` (keeps
-    the bucket views) rather than ``optimizer.zero_grad(set_to_none=True)``,
-    which works but costs a copy per parameter on the next backward.
+    sequence parallelism) are summed over TP as well. ``zero_grad()`` zeroes
+    the buckets and keeps the views; ``zero_grad(set_to_none=True)`` (or the
+    optimizer's) sets the grads to None, and the next backward copies each
+    gradient into its bucket as it arrives.
     """
 
     def __init__(self, module, groups, *, bucket_cap_mb=25.0, first_bucket_cap_mb=1.0, average=True, overlap=True,
@@ -205,10 +206,10 @@ class DistributedDataParallel(torch.nn.Module):
         self._ddp.finish_grad_sync()
 
     def zero_grad(self, set_to_none=False):
-        if set_to_none:
-            super().zero_grad(set_to_none=True)
-        else:
-            self._ddp.zero_grad()
+        """Zeroes the buckets, or with ``set_to_none`` sets every ``.grad`` to None:
+        the next backward then copies each fresh gradient into its bucket (one
+        pass instead of zeroing and accumulating, two)."""
+        self._ddp.zero_grad(set_to_none)
 
     @contextlib.contextmanager
     def no_sync(self):

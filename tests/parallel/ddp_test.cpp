@@ -174,6 +174,43 @@ TEST(DDP, RestoresBucketViewsAfterGradsAreSetToNone) {
   }
 }
 
+// zero_grad(set_to_none): no grads until the next backward, which copies
+// each fresh gradient into its bucket; over several steps (and with no_sync
+// accumulation after it) the gradients equal the reference's and are bucket
+// views again.
+TEST(DDP, ZeroGradToNoneThenBackwardGivesReducedBucketViews) {
+  const int n = world()->size(), r = world()->rank();
+  auto model = std::make_shared<Mlp>(10);
+  Mlp ref(10);
+  DistributedDataParallel ddp(model, mesh_groups(n, 1));
+  for (int step = 0; step < 3; ++step) {
+    ddp.zero_grad(/*set_to_none=*/true);
+    ref.zero_grad();
+    for (const auto& p : model->parameters()) EXPECT_FALSE(p.grad().defined()) << "step " << step;
+    at::Tensor a = same_randn({2 * n, 6}, 40 + step), b = same_randn({2 * n, 6}, 50 + step);
+    if (step == 2) {
+      // Accumulation: the first backward copies into the buckets, the second adds to them.
+      {
+        auto guard = ddp.no_sync();
+        model->loss(local_rows(a, r, n)).backward();
+      }
+      model->loss(local_rows(b, r, n)).backward();
+      (ref.loss(a) + ref.loss(b)).backward();
+    } else {
+      model->loss(local_rows(a, r, n)).backward();
+      ref.loss(a).backward();
+    }
+    expect_grads(*model, ref);
+    for (const auto& bucket : ddp.buckets()) {
+      const char* base = static_cast<const char*>(bucket.flat.data_ptr());
+      for (const auto& s : bucket.slots) {
+        const char* g = static_cast<const char*>(s.param.grad().data_ptr());
+        EXPECT_TRUE(g >= base && g < base + bucket.flat.nbytes()) << s.name << " grad is not a bucket view";
+      }
+    }
+  }
+}
+
 TEST(DDP, BroadcastsRankZerosParameters) {
   const int n = world()->size(), r = world()->rank();
   auto model = std::make_shared<Mlp>(9);

@@ -230,14 +230,23 @@ void DistributedDataParallel::reset_iteration_locked() {
   iteration_active_ = false;
 }
 
-void DistributedDataParallel::zero_grad() {
+void DistributedDataParallel::zero_grad(bool set_to_none) {
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& b : buckets_) {
-    b.flat.zero_();
-    for (const auto& s : b.slots) install_view(b, s);
+    if (set_to_none) {
+      for (const auto& s : b.slots) const_cast<at::Tensor&>(s.param).mutable_grad() = at::Tensor();
+    } else {
+      b.flat.zero_();
+      for (const auto& s : b.slots) install_view(b, s);
+    }
   }
   for (auto& t : unbucketed_) {
-    if (t.grad().defined()) t.mutable_grad().zero_();
+    if (!t.grad().defined()) continue;
+    if (set_to_none) {
+      t.mutable_grad() = at::Tensor();
+    } else {
+      t.mutable_grad().zero_();
+    }
   }
 }
 

@@ -4,6 +4,7 @@
 
 #include <ATen/Functions.h>
 #include <ATen/TensorOperators.h>
+#include <ATen/core/Reduction.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
@@ -33,13 +34,12 @@ struct VocabParallelCrossEntropy : torch::autograd::Function<VocabParallelCrossE
                                : at::full({logits.size(0)}, -std::numeric_limits<double>::infinity(), logits.options());
     if (parallel::group_size(g) > 1) g->all_reduce(max, {.op = comm::ReduceOp::kMax})->wait();
 
-    at::Tensor shifted = v - max.unsqueeze(1);
-    at::Tensor exp = shifted.exp();
+    at::Tensor exp = (v - max.unsqueeze(1)).exp_();  // one temporary, exponentiated in place
     at::Tensor in_range = (targets >= start).logical_and_(targets < start + valid);
     at::Tensor local_target =
         (targets - start).clamp_(0, std::max<int64_t>(valid - 1, 0)).masked_fill_(in_range.logical_not(), 0);
     at::Tensor target_logit =
-        valid > 0 ? shifted.gather(1, local_target.unsqueeze(1)).squeeze(1) * in_range.to(shifted.scalar_type())
+        valid > 0 ? (v.gather(1, local_target.unsqueeze(1)).squeeze(1) - max) * in_range.to(v.scalar_type())
                   : at::zeros({logits.size(0)}, logits.options());
     // One all-reduce for both sums: [exp-sum; target logit].
     at::Tensor sums = at::stack({exp.sum(1), target_logit});
@@ -104,6 +104,16 @@ at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits, const at::Tens
     TORUS_CHECK(!bad.any().item<bool>(), InvalidArgument,
                 "vocab_parallel_cross_entropy: a target is outside [0, {}) and is not ignore_index {}", vocab,
                 options.ignore_index);
+  }
+  if (parallel::group_size(tp) == 1) {
+    // The whole vocabulary is here: ATen's fused log-softmax + NLL (two
+    // passes over the logits each way, against five for the statistics
+    // below). Padding columns are cut off first, so they get no probability
+    // and a zero gradient, exactly as in the TP path.
+    at::Tensor v = logits.reshape({-1, local});
+    if (vocab < local) v = v.narrow(1, 0, vocab);
+    at::Tensor loss = at::cross_entropy_loss(v, flat_targets, std::nullopt, at::Reduction::None, options.ignore_index);
+    return loss.view(targets.sizes());
   }
   at::Tensor loss =
       VocabParallelCrossEntropy::apply(logits.reshape({-1, local}), flat_targets, tp, vocab, options.ignore_index);

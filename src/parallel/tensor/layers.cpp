@@ -67,6 +67,10 @@ at::Tensor row_parallel_linear(const at::Tensor& x, const at::Tensor& weight, co
   }
   at::Tensor input = options.input_is_parallel ? x : scatter_to_tp_region(x, tp);
   check_features(input, weight, "row_parallel_linear");
+  if (group_size(tp) == 1) {
+    // Nothing to reduce: the bias joins the GEMM (one addmm instead of mm + add).
+    return tp::linear(input, weight, bias);
+  }
   at::Tensor partial = tp::linear(input, weight);
   at::Tensor y;
   if (options.sequence_parallel) {

@@ -101,8 +101,15 @@ class DistributedDataParallel {
   // after a backward that already finished (finish_in_backward) is harmless.
   void finish_grad_sync();
 
-  // Zeroes every bucket (and the grads of parameters outside buckets).
-  void zero_grad();
+  // Zeroes every bucket (and the grads of parameters outside buckets), or,
+  // with set_to_none, sets every parameter's .grad to None instead. Then
+  // the next backward lets autograd hand over each fresh gradient and the
+  // ready hook copies it into its bucket (one pass over the gradients),
+  // where zeroing costs a pass and accumulating into the zeroed view
+  // another one that reads twice. Between zero_grad(true) and the next
+  // backward the parameters have no .grad; afterwards they are bucket
+  // views again (a parameter that got no gradient reads as zeros).
+  void zero_grad(bool set_to_none = false);
 
   // Gradient accumulation: while disabled, backward only accumulates.
   void set_grad_sync_enabled(bool enabled);
