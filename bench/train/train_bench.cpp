@@ -160,8 +160,6 @@ int main(int argc, char** argv) {
   if ((dp > 1 && sync) || o.sp) {
     dp::DDPOptions d;
     d.bucket_cap_bytes = static_cast<int64_t>(o.bucket_mb * (1 << 20));
-    if (std::getenv("TB_NOOVERLAP")) d.overlap = false;
-    if (std::getenv("TB_SUM")) d.average = false;
     ddp = std::make_unique<dp::DistributedDataParallel>(model, groups, d);
   }
   // AdamW, lr 3e-4, weight decay 0.1 on every parameter (as the Python peers).
@@ -203,7 +201,6 @@ int main(int argc, char** argv) {
     at::Tensor loss = model->loss(d.narrow(1, 0, o.seq).contiguous(), d.narrow(1, 1, o.seq).contiguous());
     auto s1 = Clock::now();
     loss.backward();
-    if (std::getenv("TB_BARRIER")) world->barrier()->wait();
     auto s2 = Clock::now();
     if (torch_opt) {
       torch_opt->step();
