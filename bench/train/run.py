@@ -10,6 +10,9 @@
     torch-ddp fused-adamw   torch-ddp with torch.optim.AdamW(fused=True)
     torus-cpp dp torch-adamw  torus-cpp dp with torch::optim::AdamW instead of
                     Torus's fused AdamW (torus::optim::AdamW, the default)
+    torus-cpp dp glibc-malloc  torus-cpp dp with glibc's default malloc settings
+                    (torus-bench-train and torus-train otherwise call
+                    torus::retain_freed_host_memory(), core/host_allocator.h)
     torus-cpp dp-nosync, py nosync   the same ranks and batches with no gradient
                     sync at all: the limit each data-parallel row can reach here
     torch-ddp torch.nn, torus-dp torch.nn, py nosync torch.nn   the same three
@@ -64,6 +67,8 @@ def cases(args):
     peer = [sys.executable, str(HERE / "torch_peer.py")]
     out = [
         ("torus-cpp dp", mpirun(args, 2) + [exe, "--mode", "dp", "--threads", "1"] + common),
+        ("torus-cpp dp glibc-malloc", mpirun(args, 2) + [exe, "--mode", "dp", "--threads", "1", "--host-alloc",
+                                                          "default"] + common),
         ("torus-cpp dp-nosync", mpirun(args, 2) + [exe, "--mode", "dp-nosync", "--threads", "1"] + common),
         ("py nosync", mpirun(args, 2) + peer + ["--impl", "nosync"] + common),
         ("torch-ddp", mpirun(args, 2) + peer + ["--impl", "torch-ddp", "--port", str(args.port)] + common),
@@ -141,6 +146,8 @@ def ratios_of(rows):
         "Torus DP (Python) / torch DDP gloo (bucket view)": ratio(rows, "torus-dp", "torch-ddp-view"),
         "torch DDP gloo, torch.nn GPT / its no-sync limit": ratio(rows, "torch-ddp torch.nn", "py nosync torch.nn"),
         "Torus DP (C++) / torch DDP gloo, torch.nn GPT": ratio(rows, "torus-cpp dp", "torch-ddp torch.nn"),
+        "Torus DP (C++), glibc malloc / torch DDP gloo, torch.nn GPT": ratio(rows, "torus-cpp dp glibc-malloc",
+                                                                             "torch-ddp torch.nn"),
         "Torus DP (Python) / torch DDP gloo, both torch.nn GPT": ratio(rows, "torus-dp torch.nn",
                                                                       "torch-ddp torch.nn"),
         "TP=2 (2 ranks) / one process, 1 thread": ratio(rows, "torus-cpp tp", "torus-cpp single x1"),

@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "torus/comm/device_mesh.h"
+#include "torus/core/host_allocator.h"
 #include "torus/models/gpt.h"
 #include "torus/parallel/data/ddp.h"
 #include "torus/parallel/tensor/random.h"
@@ -57,6 +58,7 @@ struct Options {
   bool sp = false;
   std::string optimizer = "fused";  // fused (torus::optim::AdamW) | torch (torch::optim::AdamW)
   std::string zero_grad = "none";   // none: DDP grads set to None between steps | zero: buckets zeroed
+  std::string host_alloc = "retain";  // retain: torus::retain_freed_host_memory() | default: glibc's own
   std::string json;
 };
 
@@ -64,7 +66,8 @@ struct Options {
   std::fprintf(stderr,
                "%s\nusage: torus-bench-train [--mode dp|dp-nosync|tp|single] [--layers 4] [--hidden 256] [--heads 8]\n"
                "  [--seq 128] [--vocab 8192] [--batch 8 (global)] [--steps 10] [--warmup 3] [--threads 1]\n"
-               "  [--bucket-mb 25] [--sp] [--optimizer fused|torch] [--zero-grad none|zero] [--json FILE]\n",
+               "  [--bucket-mb 25] [--sp] [--optimizer fused|torch] [--zero-grad none|zero]\n"
+               "  [--host-alloc retain|default] [--json FILE]\n",
                msg);
   std::exit(2);
 }
@@ -105,6 +108,8 @@ Options parse(int argc, char** argv) {
       o.optimizer = value();
     else if (a == "--zero-grad")
       o.zero_grad = value();
+    else if (a == "--host-alloc")
+      o.host_alloc = value();
     else if (a == "--json")
       o.json = value();
     else if (a == "--help" || a == "-h")
@@ -114,6 +119,7 @@ Options parse(int argc, char** argv) {
   }
   if (o.optimizer != "fused" && o.optimizer != "torch") usage("--optimizer must be fused or torch");
   if (o.zero_grad != "none" && o.zero_grad != "zero") usage("--zero-grad must be none or zero");
+  if (o.host_alloc != "retain" && o.host_alloc != "default") usage("--host-alloc must be retain or default");
   if (o.mode != "dp" && o.mode != "dp-nosync" && o.mode != "tp" && o.mode != "single") {
     usage("--mode must be dp, dp-nosync, tp or single");
   }
@@ -137,6 +143,7 @@ double seconds(Clock::duration d) {
 
 int main(int argc, char** argv) {
   const Options o = parse(argc, argv);
+  if (o.host_alloc == "retain") retain_freed_host_memory();  // before the first large allocation
   at::set_num_threads(o.threads);
   auto world = torus::init();
   const int n = world->size(), rank = world->rank();
@@ -260,14 +267,14 @@ int main(int argc, char** argv) {
   if (rank == 0) {
     char line[2048];
     std::snprintf(line, sizeof(line),
-                  "{\"impl\": \"torus-cpp\", \"mode\": \"%s%s\", \"ranks\": %d, \"threads\": %d, \"dp\": %d, "
+                  "{\"impl\": \"torus-cpp\", \"mode\": \"%s%s\", \"host_alloc\": \"%s\", \"ranks\": %d, \"threads\": %d, \"dp\": %d, "
                   "\"tp\": %d, \"layers\": %lld, \"hidden\": %lld, \"heads\": %lld, \"seq\": %lld, \"vocab\": %lld, "
                   "\"global_batch\": %lld, \"params\": %lld, \"steps\": %d, \"warmup\": %d, \"wall_s\": %.6f, "
                   "\"step_ms_mean\": %.3f, \"step_ms_median\": %.3f, \"forward_ms\": %.3f, \"backward_ms\": %.3f, "
                   "\"optimizer_ms\": %.3f, \"zero_grad_ms\": %.3f, \"tokens_per_s\": %.1f, \"loss_first\": %.6f, "
                   "\"loss_last\": %.6f, \"loss0_rel_diff\": %.3e, \"replica_diff\": %.3e, \"buckets\": %zu, "
                   "\"buckets_overlapped\": %lld, \"verified\": %s}",
-                  o.mode.c_str(), o.sp ? "+sp" : "", n, o.threads, dp, tpn, (long long)o.layers, (long long)o.hidden,
+                  o.mode.c_str(), o.sp ? "+sp" : "", o.host_alloc.c_str(), n, o.threads, dp, tpn, (long long)o.layers, (long long)o.hidden,
                   (long long)o.heads, (long long)o.seq, (long long)o.vocab, (long long)o.batch, (long long)params,
                   o.steps, o.warmup, wall, 1e3 * wall / o.steps, median_ms, phase_ms[0], phase_ms[1], phase_ms[2],
                   phase_ms[3], tps, l[0].item<double>(),

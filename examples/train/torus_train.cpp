@@ -25,6 +25,7 @@
 
 #include "torus/comm/process_group.h"
 #include "torus/core/error.h"
+#include "torus/core/host_allocator.h"
 #include "torus/core/logging.h"
 #include <fmt/format.h>
 #include "torus/train/corpus.h"
@@ -203,6 +204,9 @@ int run(int argc, char** argv) {
   const train::Corpus corpus = train::Corpus::load(data_path);
   const train::CorpusSplit split = corpus.split(a.val_fraction);
 
+  // Every step frees and re-allocates the same large buffers: keep them in
+  // the process instead of faulting fresh pages in (core/host_allocator.h).
+  retain_freed_host_memory();
   comm::ProcessGroupPtr world = torus::init();
   try {
     return train(a, options, corpus, split, lr, world);

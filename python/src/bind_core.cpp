@@ -9,6 +9,7 @@
 #include "bindings.h"
 #include "torus/config.h"
 #include "torus/core/error.h"
+#include "torus/core/host_allocator.h"
 #include "torus/core/logging.h"
 
 namespace py = pybind11;
@@ -55,6 +56,19 @@ void bind_core(py::module_& m) {
   m.def("set_log_level", [](const std::string& level) { set_log_level(parse_log_level(level)); },
         py::arg("level"), "Sets the log level: trace, debug, info, warn, error or off.");
   m.def("log_level", [] { return std::string(log_level_name(torus::log_level())); });
+  m.def(
+      "retain_freed_host_memory",
+      [] {
+        const HostAllocatorSettings s = retain_freed_host_memory();
+        py::dict d;
+        d["applied"] = s.applied;
+        d["mmap_threshold"] = s.mmap_threshold;
+        d["trim_threshold"] = s.trim_threshold;
+        return d;
+      },
+      "Keeps host memory a training step frees in the process for the next step (glibc malloc: the\n"
+      "largest mmap threshold, no heap trimming); a process-wide setting for trainers. Returns the\n"
+      "settings applied (applied=False where the C library is not glibc). See torus/core/host_allocator.h.");
   m.attr("__version__") = TORUS_VERSION;
   py::dict build;
   build["mpi"] = bool(TORUS_WITH_MPI);

@@ -34,6 +34,7 @@ from ._C import (  # noqa: F401
     build_info,
     init,
     log_level,
+    retain_freed_host_memory,
     set_log_level,
 )
 from . import models, parallel, pipeline, train  # noqa: E402,F401  (after _C: they import it)
@@ -54,6 +55,7 @@ __all__ = [
     "models",
     "parallel",
     "pipeline",
+    "retain_freed_host_memory",
     "set_log_level",
     "train",
 ]

@@ -60,7 +60,7 @@ const std::set<std::string>& known_variables() {
       "TORUS_STORE_TIMEOUT_MS", "TORUS_OFI_PROVIDER",
       // ofi backend tuning, read by src/comm/ofi/ofi_options.cpp (docs/ofi.md).
       "TORUS_OFI_HOST_SHM", "TORUS_OFI_SHM_CHUNK_BYTES", "TORUS_OFI_SHM_STAGE_BYTES", "TORUS_OFI_SHM_DEPTH",
-      "TORUS_OFI_SHM_EAGER_BYTES", "TORUS_OFI_RD_MAX_BYTES", "TORUS_OFI_TREE_MAX_BYTES", "TORUS_OFI_CHUNK_BYTES",
+      "TORUS_OFI_SHM_EAGER_BYTES", "TORUS_OFI_SHM_NT_BYTES", "TORUS_OFI_RD_MAX_BYTES", "TORUS_OFI_TREE_MAX_BYTES", "TORUS_OFI_CHUNK_BYTES",
       "TORUS_OFI_WINDOW", "TORUS_OFI_REGISTER_LOCAL",
       // Read by tools and tests rather than the library.
       "TORUS_BUILD_DIR", "TORUS_TEST_SCALE"};

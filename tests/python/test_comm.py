@@ -23,6 +23,17 @@ def test_exception_types_match_python_hierarchy():
     assert issubclass(torus.Error, RuntimeError)
 
 
+def test_retain_freed_host_memory_reports_its_settings():
+    import platform
+    import struct
+    s = torus.retain_freed_host_memory()
+    if platform.libc_ver()[0] != "glibc":
+        pytest.skip("not glibc: the setting does nothing here")
+    assert s["applied"]
+    assert s["mmap_threshold"] == 4 * 2**20 * struct.calcsize("l")  # glibc's ceiling
+    assert torus.retain_freed_host_memory() == s  # idempotent
+
+
 def test_all_reduce_sum_and_ops(world):
     n, r = world.size, world.rank
     t = torch.full((8,), float(r + 1))

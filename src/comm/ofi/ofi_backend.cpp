@@ -337,6 +337,7 @@ std::shared_ptr<Topology> make_topology(const World& w, uint32_t context, const 
     cfg.timeout = w.timeout;
     t->segment = std::make_unique<HostSegment>(cfg, *w.store);
     t->host.seg = t->segment.get();
+    t->host.nt_bytes = w.options.shm_nt_bytes;
     for (auto& seen : t->host.seen) seen.assign(static_cast<size_t>(t->local_size), 0);
   }
   return t;

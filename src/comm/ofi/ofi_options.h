@@ -27,6 +27,9 @@ struct OfiOptions {
   // whole message (one round, lowest latency); above: pipelined
   // reduce-scatter + all-gather through the segment.
   size_t shm_eager_bytes = size_t{16} << 10;   // TORUS_OFI_SHM_EAGER_BYTES
+  // Ops moving at least this many bytes write their results to user memory
+  // with non-temporal stores (they would only evict the caches).
+  size_t shm_nt_bytes = size_t{4} << 20;       // TORUS_OFI_SHM_NT_BYTES
 
   // Algorithms over the provider.
   size_t rd_max_bytes = size_t{32} << 10;      // TORUS_OFI_RD_MAX_BYTES: all_reduce <= this: recursive doubling, above: ring

@@ -219,7 +219,7 @@ struct GPTTrainer::Impl : public pp::StageCallbacks {
   void zero_grads() {
     for (size_t c = 0; c < chunks.size(); ++c) {
       if (ddps[c]) {
-        ddps[c]->zero_grad();
+        ddps[c]->zero_grad(/*set_to_none=*/true);  // backward copies each gradient in: one pass
       } else {
         for (auto& p : chunks[c]->parameters()) {
           if (p.grad().defined()) p.mutable_grad().zero_();
