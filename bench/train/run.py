@@ -169,7 +169,7 @@ def table(rows, ratios, args):
                  "the machine has 2 cores)")
     lines.append("")
     for label, value in ratios.items():
-        lines.append(f"{label:<56} {'n/a' if value is None else f'{value:.2f}x'}")
+        lines.append(f"{label:<62} {'n/a' if value is None else f'{value:.2f}x'}")
     return "\n".join(lines)
 
 
