@@ -22,7 +22,9 @@
     torus-cpp  tp   2 ranks x 1 thread, TP=2
     torus-cpp  single  1 rank x 1 thread, and 1 rank x 2 threads (the same cores as TP=2)
 
-The Python rows share the model code, data and optimizer, so the data-parallel
+Torus rows run on the host backend named by --backend (default ofi, Torus's
+own shared-memory transport on one host; mpi is the other). The Python rows
+share the model code, data and optimizer, so the data-parallel
 machinery is the only difference between torus-dp and torch-ddp. Each case
 runs --reps times, interleaved (A B C ... A B C ...); the table reports each
 case's best tokens/s over the repetitions (the least disturbed run: machines
@@ -56,7 +58,7 @@ def mpirun(args, n):
         cmd.append("--allow-run-as-root")
     return cmd + ["--oversubscribe", "--bind-to", "none", "--mca", "btl", "self,vader,tcp", "--mca",
                   "btl_tcp_if_include", "lo", "--mca", "oob_tcp_if_include", "lo", "-x", "TORUS_LOG_LEVEL=warn",
-                  "-x", "PYTHONPATH", "-x", "OMP_NUM_THREADS=1"]
+                  "-x", "PYTHONPATH", "-x", "OMP_NUM_THREADS=1", "-x", f"TORUS_BACKEND={args.backend}"]
 
 
 def cases(args):
@@ -158,7 +160,7 @@ def ratios_of(rows):
 def table(rows, ratios, args):
     lines = [f"GPT {args.layers} layers, width {args.hidden}, seq {args.seq}, vocab {args.vocab}, "
              f"global batch {args.batch} ({args.batch * args.seq} tokens/step), AdamW, f32, "
-             f"best of {args.reps} interleaved runs of {args.steps} steps",
+             f"best of {args.reps} interleaved runs of {args.steps} steps, Torus host backend {args.backend}",
              f"{'case':<26} {'ranks x threads':>15} {'step ms':>8} {'tokens/s':>9} {'median':>7} "
              f"{'min tokens/s':>12} {'verified':>8} {'load':>5}"]
     for name, r in rows.items():
@@ -186,6 +188,8 @@ def main():
     p.add_argument("--seq", type=int, default=128)
     p.add_argument("--vocab", type=int, default=8192)
     p.add_argument("--port", type=int, default=29533)
+    p.add_argument("--backend", default="ofi", choices=["ofi", "mpi"],
+                   help="Torus host backend of the Torus rows (TORUS_BACKEND; default: ofi, Torus's own transport)")
     p.add_argument("--timeout", type=int, default=900)
     p.add_argument("--only", default="", help="comma-separated case names")
     p.add_argument("--quick", action="store_true", help="1 repetition of 4 steps")
