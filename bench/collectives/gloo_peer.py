@@ -195,6 +195,8 @@ def main():
     ap.add_argument("--ops", default=",".join(OPS))
     ap.add_argument("-n", "--iters", type=int, default=20)
     ap.add_argument("-w", "--warmup", type=int, default=5)
+    ap.add_argument("--settle-ms", type=float, default=200.0,
+                    help="before the sweep, small all-reduces back to back for this long (default 200)")
     ap.add_argument("--iter-budget", type=parse_size, default=1 << 30)
     ap.add_argument("--check", dest="check", action="store_true", default=True)
     ap.add_argument("--no-check", dest="check", action="store_false")
@@ -229,6 +231,13 @@ def main():
               f"iterations per size (no more than {args.iter_budget} B of traffic, at least 3) after "
               f"{args.warmup} warm-up")
         print("# algbw = size / time; busbw = algbw * factor (bench/README.md); 1 GB = 1e9 B", flush=True)
+
+    # As torus-bench-comm --settle-ms: let the scheduler spread the ranks first.
+    end = time.perf_counter() + args.settle_ms / 1e3
+    go = torch.ones(1)
+    while go.item() > 0:
+        go.fill_(1.0 if leader and time.perf_counter() < end else 0.0)
+        dist.all_reduce(go, op=dist.ReduceOp.MAX)
 
     records = []
     for index, op in enumerate(ops, 1):

@@ -173,6 +173,15 @@ int run(const SweepOptions& o) {
   Report report(rank == 0 ? stdout : nullptr);
   report.preamble("torus-bench-mpi-peer", "openmpi (direct MPI calls)", n, "f32", "sum", o.iters, o.warmup,
                   o.iter_budget, o.check, probe);
+  {
+    // As torus-bench-comm (SweepOptions::settle_ms): let the scheduler spread the ranks.
+    const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double, std::milli>(o.settle_ms);
+    double go = 1;
+    while (go > 0) {
+      go = (rank == 0 && std::chrono::steady_clock::now() < end) ? 1.0 : 0.0;
+      MPI_Allreduce(MPI_IN_PLACE, &go, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    }
+  }
   int index = 0;
   for (const std::string& op : o.ops) {
     report.begin_op(op, ++index, static_cast<int>(o.ops.size()));

@@ -89,6 +89,17 @@ bool has_root(OpType op) {
   return op == OpType::kBroadcast || op == OpType::kReduce;
 }
 
+// 8-byte all-reduces until rank 0 has spent `ms` in them (SweepOptions::
+// settle_ms); the MAX of its go-on flag keeps every rank in step.
+void settle(Backend& be, double ms, comm::Duration timeout) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double, std::milli>(ms);
+  double go = 1;
+  while (go > 0) {
+    go = (be.rank() == 0 && std::chrono::steady_clock::now() < end) ? 1.0 : 0.0;
+    be.all_reduce(&go, &go, 1, DType::kF64, ReduceOp::kMax, timeout)->wait();
+  }
+}
+
 class Runner {
  public:
   Runner(Backend& backend, const Options& o, Report& report) : be_(backend), o_(o), report_(report) {}
@@ -190,6 +201,7 @@ int run(const Options& o) {
   }
 
   try {
+    settle(be, o.sweep.settle_ms, o.timeout);
     Runner runner(be, o, report);
     int index = 0;
     for (const std::string& op : o.sweep.ops) {

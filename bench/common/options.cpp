@@ -94,6 +94,7 @@ SweepOptions parse_sweep_options(Args& args, const std::vector<std::string>& def
   }
   if (auto v = args.value({"-n", "--iters"})) o.iters = parse_int(*v, "--iters", 1);
   if (auto v = args.value({"-w", "--warmup"})) o.warmup = parse_int(*v, "--warmup", 0);
+  if (auto v = args.value({"--settle-ms"})) o.settle_ms = parse_nonnegative(*v, "--settle-ms", " in ms");
   if (auto v = args.value({"--iter-budget"})) o.iter_budget = parse_size(*v);
   if (args.flag({"--check"})) o.check = true;
   if (args.flag({"--no-check"})) o.check = false;
@@ -114,6 +115,8 @@ std::string sweep_options_help() {
       --ops LIST         comma-separated ops (default: all this tool knows)
   -n, --iters N          timed iterations per size and placement (default 20)
   -w, --warmup N         warm-up iterations (default 5)
+      --settle-ms MS     before the sweep, 8-byte all-reduces back to back for MS ms, so that
+                         the scheduler has spread the ranks over the cores (default 200)
       --iter-budget SIZE cap iterations so that size * iterations <= SIZE (default 1G);
                          never fewer than 3 timed iterations
       --check, --no-check

@@ -46,6 +46,12 @@ struct SweepOptions {
   std::vector<std::string> ops;
   int iters = 20;
   int warmup = 5;
+  // Before the sweep, small all-reduces back to back for this long (rank 0's
+  // clock): ranks launched together often start on one core, and the
+  // scheduler takes some milliseconds to spread them; without it the first
+  // small sizes can measure that start-up (8.5 us instead of 0.4 us per op
+  // for 8 B was seen here).
+  double settle_ms = 200;
   size_t iter_budget = size_t{1} << 30;
   bool check = true;
   bool probe = true;
