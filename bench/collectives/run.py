@@ -15,7 +15,9 @@ reason. Outputs, in --out-dir (default bench/results):
 
   collectives.json  records {backend, op, ranks, bytes, time_us, algbw_gbps,
                     busbw_gbps, wrong, in_place, count, dtype, iters, ...}
-                    plus {"probe": "memcpy", "gbps": ...}
+                    plus {"probe": "memcpy", "gbps": ...} and, for two copies
+                    running at once (one per core, the DRAM limit of a 2-rank
+                    all_reduce), {"probe": "memcpy", "concurrent": 2, "gbps": ...}
   collectives.txt   the tables printed at the end (busbw per size and backend,
                     and the goal rows with their ratios)
   collectives.png   busbw against size, per op and rank count, one line per
@@ -200,6 +202,23 @@ class Runner:
         print(f"probe: {r.stdout.strip()}", flush=True)
         return json.loads(path.read_text())[0]
 
+    def probe_pair(self):
+        """Two memcpy probes at once, one per core: the copy rate each gets when
+        two ranks stream through memory together, as in a 2-rank all_reduce
+        (each rank reads its input and writes its output at least once). The
+        slower of the two, or None."""
+        exe = self.bench / "torus-bench-membw"
+        if not exe.exists():
+            return None
+        paths = [self.logs / f"membw-pair-{i}.json" for i in range(2)]
+        procs = [subprocess.Popen([str(exe), "--json", str(p)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True) for p in paths]
+        if any(p.wait() != 0 for p in procs):
+            return None
+        gbps = min(json.loads(p.read_text())[0]["gbps"] for p in paths)
+        print(f"probe: two memcpys at once, the slower: {gbps:.2f} GB/s per core", flush=True)
+        return gbps
+
 
 # -- reporting ---------------------------------------------------------------------------
 def find(records, backend, op, n, nbytes=None, in_place=None):
@@ -244,8 +263,10 @@ def ratio(a, b):
     return f"{r:.2f}x" if r >= 0.1 else f"{r:.4f}x"
 
 
-def goal_table(records, probe_gbps):
-    """The goal rows of the ofi issue with their ratios, both placements."""
+def goal_table(records, probe_gbps, pair_gbps=None):
+    """The goal rows of the ofi issue with their ratios, both placements; and
+    the 64 MiB busbw against the two-copies-at-once probe, the rate DRAM gives
+    each of two ranks streaming together (the limit of a 2-rank all_reduce)."""
     lines = ["\n## Goal rows (2 ranks, f32 all_reduce)"]
     head = (f"{'row':<34}{'torus ofi':>11}{'torus mpi':>11}{'Open MPI':>11}{'gloo':>11}{'memcpy':>9}"
             f"{'ofi/OMPI':>10}{'ofi/tmpi':>10}{'ofi/gloo':>10}{'ofi/memcpy':>11}")
@@ -273,6 +294,14 @@ def goal_table(records, probe_gbps):
                          f"{rs[0]:>10}{rs[1]:>10}{rs[2]:>10}{rs[3]:>11}")
     lines.append("Goals: busbw ofi/OMPI >= 2x, ofi/gloo >= 3x, ofi/memcpy >= 0.5x; "
                  "latency ofi/OMPI <= 1x (a time ratio).")
+    if pair_gbps and probe_gbps:
+        lines.append(f"Limit: two memcpys at once get {pair_gbps:.2f} GB/s each = {pair_gbps / probe_gbps:.2f}x the "
+                     "1-core probe; a 2-rank all_reduce reads and writes at least as much per rank.")
+        for in_place in (False, True):
+            r = one(records, "ofi", "all_reduce", 2, 64 * MiB, in_place)
+            if r:
+                lines.append(f"  torus ofi 64 MiB busbw ({'in place' if in_place else 'out of place'}): "
+                             f"{r['busbw_gbps'] / pair_gbps:.2f}x that limit")
     return lines
 
 
@@ -359,6 +388,7 @@ def main():
           f"(at most {human(a.iter_budget)} of traffic per size), f32 sum", flush=True)
     t_start = time.monotonic()
     probe = runner.probe()  # first, on a quiet machine
+    pair_gbps = runner.probe_pair()
     backends = runner.available()
     for b, why in runner.skipped.items():
         print(f"skipping {b}: {why}", flush=True)
@@ -372,12 +402,16 @@ def main():
     probe_gbps = probe["gbps"] if probe else None
     doc = records + ([{"probe": "memcpy", "bytes": probe["bytes"], "runs": probe["runs"], "gbps": probe_gbps}]
                      if probe else [])
+    if pair_gbps:
+        doc.append({"probe": "memcpy", "concurrent": 2, "gbps": pair_gbps})
     (out / "collectives.json").write_text(json.dumps(doc, indent=1) + "\n")
 
     cpus, load_end = os.cpu_count() or 1, os.getloadavg()[0]
     lines = [f"# Side-by-side collectives ({time.strftime('%Y-%m-%d %H:%M')}, {cpus} CPUs): "
              "time = median over iterations of the slowest rank's time per op; busbw as nccl-tests",
              f"memcpy probe, 1 core: {probe_gbps:.2f} GB/s" if probe else "memcpy probe: not measured",
+             f"memcpy probe, two at once (one per core), the slower: {pair_gbps:.2f} GB/s" if pair_gbps
+             else "memcpy probe, two at once: not measured",
              f"load average (1 min) {load_start:.1f} at the start, {load_end:.1f} at the end"]
     if max(load_start, load_end) > cpus:
         lines.append(f"WARNING: other work kept the {cpus} CPUs busy during this run; its numbers, above all "
@@ -387,7 +421,7 @@ def main():
     ran = [b for b in BACKENDS if any(r["backend"] == b for r in records)]
     lines += side_by_side(records, ran, a.ranks, a.ops)
     if 2 in a.ranks and "all_reduce" in a.ops:
-        lines += goal_table(records, probe_gbps)
+        lines += goal_table(records, probe_gbps, pair_gbps)
     total_wrong = sum(r["wrong"] for r in records if r.get("wrong", -1) > 0)
     lines.append(f"\n#wrong over all runs: {total_wrong}{' OK' if total_wrong == 0 else ' FAILED'}; "
                  f"{len(records)} records; {time.monotonic() - t_start:.0f} s")
