@@ -304,6 +304,9 @@ def run(args):
     split = corpus.split(args.val_fraction)
     dtype = torch.float64 if args.dtype == "f64" else torch.float32
 
+    # As torus-train: the buffers a step frees stay in the process for the next
+    # one instead of being faulted in again (torus/core/host_allocator.h).
+    torus.retain_freed_host_memory()
     world = torus.init()
     rank, world_size = world.rank, world.size
     torch.set_num_threads(args.threads if args.threads > 0 else max(1, (os.cpu_count() or 1) // local_ranks()))
