@@ -71,6 +71,25 @@ std::string format_double(double v) {
   return fmt::format("{}", v);
 }
 
+// The current value of an option's destination as text; strings JSON-quoted
+// or raw.
+template <typename DestVariant>
+std::string value_text(const DestVariant& dest, bool quote_strings) {
+  return std::visit(
+      [quote_strings](auto* p) -> std::string {
+        using T = std::remove_pointer_t<decltype(p)>;
+        if constexpr (std::is_same_v<T, bool>)
+          return *p ? "true" : "false";
+        else if constexpr (std::is_same_v<T, double>)
+          return format_double(*p);
+        else if constexpr (std::is_same_v<T, std::string>)
+          return quote_strings ? json_quote(*p) : *p;
+        else
+          return fmt::format("{}", *p);
+      },
+      dest);
+}
+
 }  // namespace
 
 size_t edit_distance(std::string_view a, std::string_view b) {
@@ -125,19 +144,7 @@ void OptionSet::add_option(std::string name, Dest dest, std::string help, std::s
   o.dest = dest;
   o.help = std::move(help);
   o.placeholder = std::move(placeholder);
-  o.default_text = std::visit(
-      [](auto* p) -> std::string {
-        using T = std::remove_pointer_t<decltype(p)>;
-        if constexpr (std::is_same_v<T, bool>)
-          return *p ? "true" : "false";
-        else if constexpr (std::is_same_v<T, double>)
-          return format_double(*p);
-        else if constexpr (std::is_same_v<T, std::string>)
-          return json_quote(*p);
-        else
-          return fmt::format("{}", *p);
-      },
-      dest);
+  o.default_text = value_text(dest, /*quote_strings=*/true);
   options_.push_back(std::move(o));
 }
 
@@ -342,19 +349,7 @@ std::string OptionSet::help_text(std::string_view program, std::string_view summ
 std::vector<std::pair<std::string, std::string>> OptionSet::values() const {
   std::vector<std::pair<std::string, std::string>> out;
   for (const Option& o : options_) {
-    out.emplace_back(o.name, std::visit(
-                                 [](auto* p) -> std::string {
-                                   using T = std::remove_pointer_t<decltype(p)>;
-                                   if constexpr (std::is_same_v<T, bool>)
-                                     return *p ? "true" : "false";
-                                   else if constexpr (std::is_same_v<T, double>)
-                                     return format_double(*p);
-                                   else if constexpr (std::is_same_v<T, std::string>)
-                                     return *p;
-                                   else
-                                     return fmt::format("{}", *p);
-                                 },
-                                 o.dest));
+    out.emplace_back(o.name, value_text(o.dest, /*quote_strings=*/false));
   }
   return out;
 }
