@@ -15,6 +15,7 @@ if(TORUS_WITH_OFI)
     ${CMAKE_CURRENT_LIST_DIR}/fabric_test.cpp
     ${CMAKE_CURRENT_LIST_DIR}/ofi_backend_test.cpp
     ${CMAKE_CURRENT_LIST_DIR}/ofi_fault_test.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/ofi_inline_test.cpp
     ${CMAKE_CURRENT_LIST_DIR}/ofi_segment_test.cpp
     ${CMAKE_CURRENT_LIST_DIR}/liveness_test.cpp)
   target_link_libraries(torus_ofi_tests PRIVATE torus_test_main torus_base)

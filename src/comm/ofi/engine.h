@@ -155,6 +155,13 @@ struct GroupState {
 class OfiWork final : public Work {
  public:
   OfiWork(WorkInfo info, std::weak_ptr<Engine> engine) : Work(std::move(info)), engine_(std::move(engine)) {}
+  // A Work that completed before it was returned (an op run in the caller's
+  // thread).
+  struct Completed {};
+  OfiWork(WorkInfo info, Completed) : Work(std::move(info)) {
+    done_ = true;
+    finished_.store(true, std::memory_order_relaxed);
+  }
   bool is_completed() const override { return finished_.load(std::memory_order_acquire); }
   // Once is_completed(), the outcome without taking the Work's lock.
   void rethrow_if_failed() const {

@@ -11,6 +11,7 @@
 #include "comm/ofi/host_collectives.h"
 
 #include <algorithm>
+#include <span>
 
 #include "core/log.h"
 
@@ -23,6 +24,8 @@ namespace torus::comm::ofi {
 namespace {
 
 enum class Counter { kCopied, kReduced, kConsumed };
+
+inline void cpu_relax() { __builtin_ia32_pause(); }
 
 constexpr const char* counter_name(Counter k) {
   return k == Counter::kCopied ? "copied" : k == Counter::kReduced ? "reduced" : "consumed";
@@ -120,7 +123,7 @@ auto wait_slots_free(OpCtx& c, HostGroup* h, uint64_t r) {
 
 // dst = reduction of srcs[0..] (srcs[0] may alias dst), n elements; halves
 // are accumulated in f32 (`acc`, n floats) and rounded once.
-void combine(char* dst, const std::vector<const char*>& srcs, size_t n, DType t, ReduceOp op, int64_t divisor,
+void combine(char* dst, std::span<const char* const> srcs, size_t n, DType t, ReduceOp op, int64_t divisor,
              float* acc) {
   if (n == 0) return;
   if (is_half(t)) {
@@ -135,7 +138,140 @@ void combine(char* dst, const std::vector<const char*>& srcs, size_t n, DType t,
   divide(dst, n, t, divisor);
 }
 
+void publish_mailbox(HostGroup* h, uint64_t r, const void* in, size_t bytes) {
+  SegmentMailbox& mine = h->seg->control(h->local_rank()).mailbox[r % 2];
+  std::memcpy(mine.data, in, bytes);
+  mine.round.store(r, std::memory_order_release);
+}
+
+// Every mailbox of round r is in: out = their reduction in rank order (the
+// same bits on every rank); then this rank is done with round r.
+void combine_mailboxes(HostGroup* h, uint64_t r, void* out, size_t count, DType t, ReduceOp op, int64_t divisor) {
+  const HostSegment& s = *h->seg;
+  const int L = s.local_size();
+  std::vector<const char*>& srcs = h->srcs;
+  srcs.resize(static_cast<size_t>(L));
+  for (int q = 0; q < L; ++q) srcs[static_cast<size_t>(q)] = s.control(q).mailbox[r % 2].data;
+  float acc[SegmentMailbox::kBytes / 2];
+  combine(static_cast<char*>(out), srcs, count, t, op, divisor, acc);
+  signal(h, Counter::kConsumed, r);
+}
+
+// Every in-slot of round r is full: out = their reduction in rank order;
+// then this rank is done with round r. Halves accumulate in the op's
+// scratch, or in the group's when there is no op (`c` null: inline).
+void combine_slots(HostGroup* h, uint64_t r, void* out, size_t count, DType t, ReduceOp op, int64_t divisor,
+                   OpCtx* c) {
+  const HostSegment& s = *h->seg;
+  const int L = s.local_size();
+  std::vector<const char*>& srcs = h->srcs;
+  srcs.resize(static_cast<size_t>(L));
+  for (int q = 0; q < L; ++q) srcs[static_cast<size_t>(q)] = s.in_slot(q, r);
+  float* acc = nullptr;
+  if (is_half(t)) {
+    if (c != nullptr) {
+      acc = reinterpret_cast<float*>(c->scratch(count * sizeof(float)));
+    } else {
+      if (h->acc.size() < count) h->acc.resize(count);
+      acc = h->acc.data();
+    }
+  }
+  combine(static_cast<char*>(out), srcs, count, t, op, divisor, acc);
+  signal(h, Counter::kConsumed, r);
+}
+
+// Spins until ready() holds or `spin` has passed (checked every 64 tries),
+// or the segment is aborted. Returns whether ready() held.
+template <typename Ready>
+bool spin_until(const HostSegment& s, std::chrono::nanoseconds spin, Ready ready) {
+  // The clock is first read after 64 tries: most waits end before.
+  std::chrono::steady_clock::time_point until{};
+  for (unsigned i = 0;; ++i) {
+    if (ready()) return true;
+    cpu_relax();
+    if ((i & 63) == 63) {
+      if (s.is_aborted()) return false;
+      const auto now = std::chrono::steady_clock::now();
+      if (i == 63) {
+        until = now + spin;
+      } else if (now >= until) {
+        return false;
+      }
+    }
+  }
+}
+
 }  // namespace
+
+size_t host_inline_max_bytes(const HostGroup* h, size_t eager_bytes) {
+  return std::max(SegmentMailbox::kBytes,
+                  std::min(eager_bytes, static_cast<size_t>(h->local_size()) * h->seg->stripe_bytes()));
+}
+
+InlineOutcome host_all_reduce_inline(HostGroup* h, const void* in, void* out, size_t count, DType t, ReduceOp op,
+                                     int64_t divisor, size_t eager_bytes, std::chrono::nanoseconds spin) {
+  const HostSegment& s = *h->seg;
+  const int L = s.local_size(), me = s.local_rank();
+  const size_t bytes = count * dtype_size(t);
+  TORUS_CHECK(bytes <= host_inline_max_bytes(h, eager_bytes), InvalidArgument,
+              "inline all_reduce of {} bytes; at most {}", bytes, host_inline_max_bytes(h, eager_bytes));
+  if (s.is_aborted()) return InlineOutcome::kNotStarted;
+  const bool mailbox = bytes <= SegmentMailbox::kBytes;
+  const uint64_t r = h->round + 1;
+  const uint64_t depth = static_cast<uint64_t>(s.depth());
+  const uint64_t need = r > depth ? r - depth : 0;  // Note [Segment rounds]
+  std::vector<uint64_t>& consumed = h->seen[static_cast<int>(Counter::kConsumed)];
+  auto slots_free = [&] {
+    for (int q = 0; q < L; ++q) {
+      uint64_t& v = consumed[static_cast<size_t>(q)];
+      if (q != me && v < need) {
+        v = counter(s, q, Counter::kConsumed).load(std::memory_order_acquire);
+        if (v < need) return false;
+      }
+    }
+    return true;
+  };
+  if (!spin_until(s, spin, slots_free)) return InlineOutcome::kNotStarted;
+  h->round = r;
+  if (mailbox) {
+    publish_mailbox(h, r, in, bytes);
+  } else {
+    std::memcpy(s.in_slot(me, r), in, bytes);
+    signal(h, Counter::kCopied, r);
+  }
+  std::vector<uint64_t>& copied = h->seen[static_cast<int>(Counter::kCopied)];
+  auto all_in = [&] {
+    for (int q = 0; q < L; ++q) {
+      if (q == me) continue;
+      if (mailbox) {
+        if (s.control(q).mailbox[r % 2].round.load(std::memory_order_acquire) < r) return false;
+      } else {
+        uint64_t& v = copied[static_cast<size_t>(q)];
+        if (v < r) v = counter(s, q, Counter::kCopied).load(std::memory_order_acquire);
+        if (v < r) return false;
+      }
+    }
+    return true;
+  };
+  if (!spin_until(s, spin, all_in)) return InlineOutcome::kPublished;
+  if (mailbox) {
+    combine_mailboxes(h, r, out, count, t, op, divisor);
+  } else {
+    combine_slots(h, r, out, count, t, op, divisor, nullptr);
+  }
+  return InlineOutcome::kDone;
+}
+
+Task host_all_reduce_finish(OpCtx& c, HostGroup* h, uint64_t round, void* out, size_t count, DType t, ReduceOp op,
+                            int64_t divisor) {
+  if (count * dtype_size(t) <= SegmentMailbox::kBytes) {
+    co_await wait_mailboxes(c, h, round);
+    combine_mailboxes(h, round, out, count, t, op, divisor);
+  } else {
+    co_await wait_for(c, h, Counter::kCopied, round);
+    combine_slots(h, round, out, count, t, op, divisor, &c);
+  }
+}
 
 Task host_pass(OpCtx& c, HostGroup* h, HostPass a) {
   const HostSegment& s = *h->seg;
@@ -226,15 +362,9 @@ Task host_all_reduce(OpCtx& c, HostGroup* h, const void* in_v, void* out_v, size
   if (bytes <= SegmentMailbox::kBytes) {
     const uint64_t r = ++h->round;
     co_await wait_slots_free(c, h, r);  // D >= 2: this parity's mailboxes are free
-    SegmentMailbox& mine = s.control(me).mailbox[r % 2];
-    std::memcpy(mine.data, in, bytes);
-    mine.round.store(r, std::memory_order_release);
+    publish_mailbox(h, r, in, bytes);
     co_await wait_mailboxes(c, h, r);
-    std::vector<const char*> srcs;
-    for (int q = 0; q < L; ++q) srcs.push_back(s.control(q).mailbox[r % 2].data);  // rank order
-    float acc[SegmentMailbox::kBytes / 2];
-    combine(out, srcs, count, t, op, divisor, acc);
-    signal(h, Counter::kConsumed, r);
+    combine_mailboxes(h, r, out, count, t, op, divisor);
     co_return;
   }
   if (bytes <= std::min(eager_bytes, static_cast<size_t>(L) * s.stripe_bytes())) {
@@ -243,11 +373,7 @@ Task host_all_reduce(OpCtx& c, HostGroup* h, const void* in_v, void* out_v, size
     std::memcpy(s.in_slot(me, r), in, bytes);
     signal(h, Counter::kCopied, r);
     co_await wait_for(c, h, Counter::kCopied, r);
-    std::vector<const char*> srcs;
-    for (int q = 0; q < L; ++q) srcs.push_back(s.in_slot(q, r));  // rank order: the same bits everywhere
-    float* acc = is_half(t) ? reinterpret_cast<float*>(c.scratch(count * sizeof(float))) : nullptr;
-    combine(out, srcs, count, t, op, divisor, acc);
-    signal(h, Counter::kConsumed, r);
+    combine_slots(h, r, out, count, t, op, divisor, &c);
     co_return;
   }
   algo::Partition p = algo::balanced(count, L);

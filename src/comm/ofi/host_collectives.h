@@ -26,6 +26,7 @@
 #pragma once
 
 #include <cstddef>
+#include <chrono>
 #include <cstdint>
 #include <vector>
 
@@ -44,6 +45,8 @@ struct HostGroup {
   // satisfied by them needs no cache-line transfer. [kind][local rank]
   std::vector<uint64_t> seen[3];
   size_t nt_bytes = size_t{4} << 20;  // ops this large write results with non-temporal stores
+  std::vector<const char*> srcs;       // scratch: the sources of one combine
+  std::vector<float> acc;              // scratch: f32 accumulator of an inline half combine
   Clock::time_point next_liveness_check{};
   int local_rank() const { return seg->local_rank(); }
   int local_size() const { return seg->local_size(); }
@@ -87,5 +90,31 @@ Task host_broadcast(OpCtx& c, HostGroup* h, void* buf, size_t bytes, int root);
 Task host_all_to_all(OpCtx& c, HostGroup* h, const void* in, void* out, std::vector<size_t> send_counts,
                      std::vector<size_t> recv_counts, size_t elt);
 Task host_barrier(OpCtx& c, HostGroup* h);
+
+// Note [Inline mailbox all_reduce]: an all_reduce small enough for one
+// round (the mailboxes up to SegmentMailbox::kBytes, else the in-slots up
+// to the eager size) on a group whose ranks all share the segment can run
+// in the calling thread, without the engine: publish the data, spin briefly
+// for the peers', combine. It is the same protocol, round
+// for round, as the engine's mailbox path (host_all_reduce), so ranks may
+// take either path for the same op. The caller must guarantee that no
+// engine op of the group is queued or running (HostGroup is driver state).
+// The spin is bounded: a peer that is late (busy, or issuing another
+// group's op first) is waited for by the engine instead, so an op issued
+// this way never blocks its caller for long and cannot deadlock ops of
+// other groups.
+enum class InlineOutcome {
+  kNotStarted,  // nothing happened (the slots were not free in time): issue the op normally
+  kPublished,   // this rank's mailbox of round h->round is out: finish with host_all_reduce_finish
+  kDone,        // out holds the result
+};
+// The largest all_reduce (bytes) that runs inline: the mailbox, or one
+// eager round through the in-slots (host_all_reduce's one-round paths).
+size_t host_inline_max_bytes(const HostGroup* h, size_t eager_bytes);
+InlineOutcome host_all_reduce_inline(HostGroup* h, const void* in, void* out, size_t count, DType t, ReduceOp op,
+                                     int64_t divisor, size_t eager_bytes, std::chrono::nanoseconds spin);
+// The rest of an op host_all_reduce_inline left kPublished, in round `round`.
+Task host_all_reduce_finish(OpCtx& c, HostGroup* h, uint64_t round, void* out, size_t count, DType t, ReduceOp op,
+                            int64_t divisor);
 
 }  // namespace torus::comm::ofi

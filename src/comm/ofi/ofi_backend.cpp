@@ -21,7 +21,10 @@ namespace {
 class OfiBackend final : public Backend {
  public:
   OfiBackend(std::shared_ptr<World> world, GroupInfo info, uint32_t context)
-      : world_(std::move(world)), info_(std::move(info)), context_(context) {
+      : world_(std::move(world)),
+        info_(std::move(info)),
+        context_(context),
+        inline_spin_(std::chrono::microseconds(world_->options.inline_spin_us)) {
     TORUS_CHECK(info_.size <= kMaxGroupSize, Unsupported, "ofi: group '{}' has {} ranks; at most {} are supported",
                 info_.name, info_.size, kMaxGroupSize);
     topo_ = make_topology(*world_, context_, info_.global_ranks, info_.rank);
@@ -37,6 +40,9 @@ class OfiBackend final : public Backend {
       if (auto t = weak.lock(); t && t->segment) t->segment->mark_aborted(world_rank, reason);
     };
     world_->engine->add_group(state_);
+    if (inline_spin_.count() > 0 && topo_->segment && topo_->single_host()) {
+      inline_max_bytes_ = host_inline_max_bytes(&topo_->host, topo_->eager_bytes);
+    }
   }
 
   ~OfiBackend() override { world_->engine->remove_group(state_.get()); }
@@ -49,6 +55,9 @@ class OfiBackend final : public Backend {
   WorkPtr all_reduce(const void* in, void* out, size_t count, DType dt, ReduceOp op, Duration timeout) override {
     check_buffers(in, out, count);
     check_bytes(count, dt, 1, "all_reduce");
+    if (inline_max_bytes_ > 0 && count > 0 && count * dtype_size(dt) <= inline_max_bytes_ && timeout.count() > 0) {
+      if (WorkPtr w = inline_all_reduce(in, out, count, dt, op, timeout)) return w;
+    }
     return issue(OpType::kAllReduce, dt, {static_cast<int64_t>(count)}, -1, timeout, true,
                  [=](OpCtx& c, Topology* t, uint64_t seq) {
                    return group_all_reduce(c, t, in, out, count, dt, op, seq);
@@ -158,6 +167,12 @@ class OfiBackend final : public Backend {
     TORUS_CHECK(timeout.count() > 0, InvalidArgument, "ofi {} on group '{}': timeout must be > 0, got {} ms",
                 op_type_name(type), info_.name, timeout.count());
     std::lock_guard<std::mutex> lock(issue_mu_);
+    return submit_locked(next_info(type, dt, std::move(sizes), peer, collective), timeout, collective,
+                         std::move(make));
+  }
+
+  // The WorkInfo of the next op, with its sequence number. issue_mu_ held.
+  WorkInfo next_info(OpType type, DType dt, std::vector<int64_t> sizes, int peer, bool collective) {
     WorkInfo wi;
     wi.seq = collective ? ++collective_seq_ : ++p2p_seq_;
     wi.op = type;
@@ -167,6 +182,12 @@ class OfiBackend final : public Backend {
     wi.dtype = dt;
     wi.sizes = std::move(sizes);
     wi.peer = peer;
+    return wi;
+  }
+
+  // Hands the op to the engine. issue_mu_ held.
+  template <typename Make>
+  WorkPtr submit_locked(WorkInfo wi, Duration timeout, bool collective, Make make) {
     const uint64_t seq = wi.seq;
     auto body = [topo = topo_, make = std::move(make), seq](OpCtx& c) { return make(c, topo.get(), seq); };
     auto op = std::make_unique<OpWith<decltype(body)>>(std::move(body));
@@ -175,9 +196,35 @@ class OfiBackend final : public Backend {
     op->collective = collective;
     op->issued = Clock::now();
     op->deadline = op->issued + timeout;
+    if (collective) last_collective_ = op->work;
     WorkPtr work = op->work;
     world_->engine->submit(std::move(op));
     return work;
+  }
+
+  // Note [Inline mailbox all_reduce] (host_collectives.h): a tiny all_reduce
+  // on a one-host group runs in this thread when no collective of the group
+  // is queued or running in the engine (the last one issued has finished:
+  // the engine runs them in order). Returns null when the op was not started
+  // (issue it normally); a Work already complete when the peers arrived in
+  // time; else the Work of an engine op that finishes it.
+  WorkPtr inline_all_reduce(const void* in, void* out, size_t count, DType dt, ReduceOp op, Duration timeout) {
+    std::lock_guard<std::mutex> lock(issue_mu_);
+    if (state_->broken() || (last_collective_ && !last_collective_->is_completed())) return nullptr;
+    last_collective_.reset();
+    HostGroup* h = &topo_->host;
+    const int64_t divisor = op == ReduceOp::kAvg ? size() : 0;
+    const InlineOutcome got =
+        host_all_reduce_inline(h, in, out, count, dt, op, divisor, topo_->eager_bytes, inline_spin_);
+    if (got == InlineOutcome::kNotStarted) return nullptr;
+    WorkInfo wi = next_info(OpType::kAllReduce, dt, {static_cast<int64_t>(count)}, -1, true);
+    if (got == InlineOutcome::kDone) {
+      return std::allocate_shared<OfiWork>(CachedAllocator<OfiWork>(), std::move(wi), OfiWork::Completed{});
+    }
+    const uint64_t round = h->round;
+    return submit_locked(std::move(wi), timeout, true, [=](OpCtx& c, Topology* t, uint64_t) {
+      return host_all_reduce_finish(c, &t->host, round, out, count, dt, op, divisor);
+    });
   }
 
   void check_rank(int r, const char* what) const {
@@ -207,6 +254,9 @@ class OfiBackend final : public Backend {
   std::shared_ptr<Topology> topo_;
   std::shared_ptr<GroupState> state_;
   std::mutex issue_mu_;
+  std::shared_ptr<OfiWork> last_collective_;  // the last collective handed to the engine (issue_mu_)
+  std::chrono::nanoseconds inline_spin_;
+  size_t inline_max_bytes_ = 0;  // all_reduce up to this runs inline; 0: never
   uint64_t collective_seq_ = 0;
   uint64_t p2p_seq_ = 0;
   int splits_ = 0;
