@@ -8,6 +8,13 @@
 // `copied` and `reduced` say that a rank's in-slot and out-slot of round r
 // are ready. Counters only grow, so a round never waits for a signal of an
 // older op, and nothing needs resetting between ops.
+//
+// A one-round op (a mailbox or eager all_reduce) starts only after the
+// rank's previous op has ended, so a peer's mailbox or `copied` signal of
+// such a round r also says that it consumed every round before r. Waiters
+// record that (note_consumed), which keeps the steady state of tiny
+// all_reduces at one cache-line transfer per peer: the peers' `consumed`
+// lines are never read.
 #include "comm/ofi/host_collectives.h"
 
 #include <algorithm>
@@ -86,6 +93,17 @@ auto wait_for(OpCtx& c, HostGroup* h, Counter k, uint64_t target, int only = -1)
     return fmt::format("same-host peers in shared memory: {}", fmt::join(lag, ", "));
   };
   return c.until(std::move(ready), std::move(describe));
+}
+
+// A peer's signal of one-round op round r was seen: it consumed r - 1.
+void note_consumed(HostGroup* h, int q, uint64_t r) {
+  uint64_t& v = h->seen[static_cast<int>(Counter::kConsumed)][static_cast<size_t>(q)];
+  v = std::max(v, r - 1);
+}
+void note_all_consumed(HostGroup* h, uint64_t r) {
+  for (int q = 0; q < h->local_size(); ++q) {
+    if (q != h->local_rank()) note_consumed(h, q, r);
+  }
 }
 
 // Suspends until every other local rank's mailbox of `round` is filled.
@@ -254,6 +272,7 @@ InlineOutcome host_all_reduce_inline(HostGroup* h, const void* in, void* out, si
     return true;
   };
   if (!spin_until(s, spin, all_in)) return InlineOutcome::kPublished;
+  note_all_consumed(h, r);
   if (mailbox) {
     combine_mailboxes(h, r, out, count, t, op, divisor);
   } else {
@@ -266,9 +285,13 @@ Task host_all_reduce_finish(OpCtx& c, HostGroup* h, uint64_t round, void* out, s
                             int64_t divisor) {
   if (count * dtype_size(t) <= SegmentMailbox::kBytes) {
     co_await wait_mailboxes(c, h, round);
-    combine_mailboxes(h, round, out, count, t, op, divisor);
   } else {
     co_await wait_for(c, h, Counter::kCopied, round);
+  }
+  note_all_consumed(h, round);
+  if (count * dtype_size(t) <= SegmentMailbox::kBytes) {
+    combine_mailboxes(h, round, out, count, t, op, divisor);
+  } else {
     combine_slots(h, round, out, count, t, op, divisor, &c);
   }
 }
@@ -364,6 +387,7 @@ Task host_all_reduce(OpCtx& c, HostGroup* h, const void* in_v, void* out_v, size
     co_await wait_slots_free(c, h, r);  // D >= 2: this parity's mailboxes are free
     publish_mailbox(h, r, in, bytes);
     co_await wait_mailboxes(c, h, r);
+    note_all_consumed(h, r);
     combine_mailboxes(h, r, out, count, t, op, divisor);
     co_return;
   }
@@ -373,6 +397,7 @@ Task host_all_reduce(OpCtx& c, HostGroup* h, const void* in_v, void* out_v, size
     std::memcpy(s.in_slot(me, r), in, bytes);
     signal(h, Counter::kCopied, r);
     co_await wait_for(c, h, Counter::kCopied, r);
+    note_all_consumed(h, r);
     combine_slots(h, r, out, count, t, op, divisor, &c);
     co_return;
   }
