@@ -17,6 +17,8 @@
 // lines are never read.
 #include "comm/ofi/host_collectives.h"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <span>
 
@@ -198,24 +200,27 @@ void combine_slots(HostGroup* h, uint64_t r, void* out, size_t count, DType t, R
   signal(h, Counter::kConsumed, r);
 }
 
-// Spins until ready() holds or `spin` has passed (checked every 64 tries),
-// or the segment is aborted. Returns whether ready() held.
+// Spins until ready() holds or `spin` has passed, or the segment is
+// aborted; returns whether ready() held. Like the engine's waits it is
+// polite once the first tries fail: ranks may outnumber cores, and the
+// peer it waits for may need this core to get there.
 template <typename Ready>
 bool spin_until(const HostSegment& s, std::chrono::nanoseconds spin, Ready ready) {
-  // The clock is first read after 64 tries: most waits end before.
+  constexpr unsigned kPauses = 128;  // most waits end within these; no clock read
   std::chrono::steady_clock::time_point until{};
   for (unsigned i = 0;; ++i) {
     if (ready()) return true;
-    cpu_relax();
-    if ((i & 63) == 63) {
-      if (s.is_aborted()) return false;
-      const auto now = std::chrono::steady_clock::now();
-      if (i == 63) {
-        until = now + spin;
-      } else if (now >= until) {
-        return false;
-      }
+    if (i < kPauses) {
+      cpu_relax();
+      continue;
     }
+    const auto now = std::chrono::steady_clock::now();
+    if (i == kPauses) {
+      until = now + spin;
+    } else if (now >= until || s.is_aborted()) {
+      return false;
+    }
+    sched_yield();
   }
 }
 
