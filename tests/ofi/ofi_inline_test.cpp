@@ -4,7 +4,8 @@
 // a late peer hands the op to the engine without blocking the caller; ranks
 // issuing two groups' ops in opposite orders do not deadlock; a peer that
 // dies before joining makes the others fail naming it; the Work says what
-// it was.
+// it was. The same for the other collectives, which start inline through
+// the engine's coroutines (Note [Inline ops] in engine.h).
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -104,6 +105,38 @@ TEST(Inline, LatePeerHandsTheOpToTheEngine) {
   expect_all_ok(results);
 }
 
+// The same with the ops that start inline through the engine's coroutines
+// (Engine::run_inline): an all_gather, a broadcast and a barrier whose
+// peer is late hand over to the engine and complete correctly.
+TEST(Inline, LatePeerHandsOtherCollectivesToTheEngine) {
+  auto results = run_job(inline_job(3), [&](Backend& b, int rank) {
+    for (int late = 0; late < 3; ++late) {
+      b.barrier(kT)->wait();
+      const size_t count = 100;
+      std::vector<float> in = filled(rank, count), out(3 * count, -1.f), bc(count, -1.f);
+      if (rank == late) bc = filled(7, count);
+      if (rank == late) std::this_thread::sleep_for(Ms(200));
+      const auto t0 = Clock::now();
+      WorkPtr g = b.all_gather(in.data(), out.data(), count, DType::kF32, kT);
+      WorkPtr c = b.broadcast(bc.data(), count, DType::kF32, late, kT);
+      WorkPtr w = b.barrier(kT);
+      const auto issued = std::chrono::duration_cast<Ms>(Clock::now() - t0);
+      if (rank != late) {
+        require(issued < Ms(100), "issuing blocked its caller for " + std::to_string(issued.count()) + " ms");
+        require(!g->is_completed(), "the all_gather completed before the late peer joined");
+      }
+      g->wait();
+      c->wait();
+      w->wait();
+      require_values(out, [&](size_t i) { return contribution(static_cast<int>(i / count), i % count); },
+                     "all_gather with rank " + std::to_string(late) + " late");
+      require_values(bc, [&](size_t i) { return contribution(7, i); },
+                     "broadcast from late rank " + std::to_string(late));
+    }
+  });
+  expect_all_ok(results);
+}
+
 // Two groups with the same members; rank 0 issues A then B, rank 1 B then
 // A, each waiting only at the end. Blocking inline ops would deadlock.
 TEST(Inline, OppositeGroupOrdersDoNotDeadlock) {
@@ -129,7 +162,8 @@ TEST(Inline, OppositeGroupOrdersDoNotDeadlock) {
   expect_all_ok(results);
 }
 
-// The victim dies instead of joining a small all_reduce; the others fail
+// The victim dies instead of joining a small collective (rank 0 issues an
+// all_reduce, rank 1 an all_gather: both inline forms); the others fail
 // within the deadline with an error naming it.
 TEST(Inline, DeadPeerIsNamed) {
   const Ms deadline(5000);
@@ -144,8 +178,13 @@ TEST(Inline, DeadPeerIsNamed) {
     const auto t0 = Clock::now();
     std::string message;
     try {
-      b.all_reduce(&x, &x, 1, DType::kF32, ReduceOp::kSum, deadline)->wait();
-      throw std::runtime_error("an all_reduce with a dead peer succeeded");
+      if (rank == 0) {
+        b.all_reduce(&x, &x, 1, DType::kF32, ReduceOp::kSum, deadline)->wait();
+      } else {
+        std::vector<float> out(3);
+        b.all_gather(&x, out.data(), 1, DType::kF32, deadline)->wait();  // an engine-coroutine op
+      }
+      throw std::runtime_error("a collective with a dead peer succeeded");
     } catch (const CommError& e) {
       message = e.what();
     } catch (const TimeoutError& e) {

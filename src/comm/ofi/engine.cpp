@@ -12,6 +12,7 @@
 #include <deque>
 
 #include "comm/ofi/ofi_check.h"
+#include "comm/ofi/spin.h"
 
 namespace torus::comm::ofi {
 namespace {
@@ -219,6 +220,35 @@ void Engine::break_group(const std::shared_ptr<GroupState>& g, const std::string
   if (wake) cv_.notify_one();
 }
 
+bool Engine::run_inline(Op& op, std::chrono::nanoseconds spin) {
+  op.ctx.emplace(*this, op);
+  OpCtx& c = *op.ctx;
+  c.set_detached();
+  c.root = op.make(c);
+  c.root.start();  // errors inside the coroutine end it (root.error()); they do not throw here
+  auto advance = [&c] {
+    while (!c.root.done()) {
+      Suspension& s = c.suspension();
+      if (s.ready == nullptr || !s.ready(s.arg)) return false;
+      auto h = s.resume;
+      s.ready = nullptr;
+      h.resume();
+    }
+    return true;
+  };
+  bool finished = false;
+  try {
+    finished = spin_politely(spin, advance, [&op] { return op.group->broken(); });
+  } catch (...) {
+    return false;  // a wait condition threw (the segment broke): the engine asks again and fails the op
+  }
+  if (!finished || c.root.error()) return false;
+  op.ctx.reset();
+  op.work->mark_completed();
+  op.work->finished_.store(true, std::memory_order_release);
+  return true;
+}
+
 bool Engine::drive_until(const OfiWork& work, Clock::time_point until) {
   waiters_.fetch_add(1, std::memory_order_acq_rel);
   thread_local std::vector<Completion> completions;
@@ -421,7 +451,7 @@ bool Engine::step(Op& op, std::vector<Completion>& done) {
       op.ctx.emplace(*this, op);
       op.ctx->root = op.make(*op.ctx);
       op.ctx->root.start();
-    } else {
+    } else if (!op.ctx->root.done()) {  // done already: it ended in run_inline (with an error)
       Suspension& s = op.ctx->suspension();
       if (s.ready == nullptr || !s.ready(s.arg)) return false;
       auto h = s.resume;

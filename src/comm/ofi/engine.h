@@ -247,6 +247,10 @@ class OpCtx {
   // Cancels whatever is still pending (op failed); the engine frees them.
   void abandon();
 
+  // The op runs (or began) outside the driver (Engine::run_inline): its
+  // scratch memory is its own, not the engine's pool's.
+  void set_detached() { detached_ = true; }
+
   // World rank of a same-host peer this op waits for whose process is gone,
   // or -1.
   int find_dead_local_peer() const;
@@ -264,6 +268,8 @@ class OpCtx {
   Request* live_ = nullptr;  // intrusive list of this op's live requests
   int failed_peer_ = -1;
   std::vector<std::unique_ptr<Scratch>> scratch_;
+  bool detached_ = false;
+  std::vector<std::unique_ptr<Scratch>> own_scratch_;  // detached: never registered, freed with the op
   struct Registration {
     const char* base;
     size_t bytes;
@@ -341,6 +347,17 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // Breaks `g` (abort()): its running op fails at the next poll, queued ops
   // fail. With `announce`, peers get a control message too. Thread safe.
   void break_group(const std::shared_ptr<GroupState>& g, const std::string& reason, bool announce);
+
+  // Note [Inline ops]: runs `op` (not submitted) in the calling thread,
+  // outside the driver lock: makes and starts its coroutine and resumes it
+  // whenever what it waits for is there, for at most `spin` (spin.h).
+  // Returns true when it finished successfully: its Work is complete and
+  // the op may be dropped. Otherwise (still waiting, or failed) submit() it
+  // as it is; the engine resumes it where it stopped, or reports its
+  // failure as for any op. Only for ops that touch nothing the driver owns
+  // (host segment collectives: no requests, no pooled scratch), and only
+  // while no other op of the group is queued or running.
+  bool run_inline(Op& op, std::chrono::nanoseconds spin);
 
   // Drives progress until `work` completes or `until` passes (Note [Who
   // drives]). Returns whether it completed.

@@ -17,8 +17,6 @@
 // lines are never read.
 #include "comm/ofi/host_collectives.h"
 
-#include <sched.h>
-
 #include <algorithm>
 #include <span>
 
@@ -27,6 +25,7 @@
 #include "comm/ofi/algo_step.h"
 #include "comm/ofi/algorithms.h"
 #include "comm/ofi/reduce_ops.h"
+#include "comm/ofi/spin.h"
 #include "comm/ofi/stream_copy.h"
 
 namespace torus::comm::ofi {
@@ -34,7 +33,6 @@ namespace {
 
 enum class Counter { kCopied, kReduced, kConsumed };
 
-inline void cpu_relax() { __builtin_ia32_pause(); }
 
 constexpr const char* counter_name(Counter k) {
   return k == Counter::kCopied ? "copied" : k == Counter::kReduced ? "reduced" : "consumed";
@@ -200,28 +198,11 @@ void combine_slots(HostGroup* h, uint64_t r, void* out, size_t count, DType t, R
   signal(h, Counter::kConsumed, r);
 }
 
-// Spins until ready() holds or `spin` has passed, or the segment is
-// aborted; returns whether ready() held. Like the engine's waits it is
-// polite once the first tries fail: ranks may outnumber cores, and the
-// peer it waits for may need this core to get there.
+// Spins (spin.h) until ready() holds or `spin` has passed, or the segment
+// is aborted; returns whether ready() held.
 template <typename Ready>
 bool spin_until(const HostSegment& s, std::chrono::nanoseconds spin, Ready ready) {
-  constexpr unsigned kPauses = 128;  // most waits end within these; no clock read
-  std::chrono::steady_clock::time_point until{};
-  for (unsigned i = 0;; ++i) {
-    if (ready()) return true;
-    if (i < kPauses) {
-      cpu_relax();
-      continue;
-    }
-    const auto now = std::chrono::steady_clock::now();
-    if (i == kPauses) {
-      until = now + spin;
-    } else if (now >= until || s.is_aborted()) {
-      return false;
-    }
-    sched_yield();
-  }
+  return spin_politely(spin, ready, [&s] { return s.is_aborted(); });
 }
 
 }  // namespace

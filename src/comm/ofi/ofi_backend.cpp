@@ -41,7 +41,9 @@ class OfiBackend final : public Backend {
     };
     world_->engine->add_group(state_);
     if (inline_spin_.count() > 0 && topo_->segment && topo_->single_host()) {
-      inline_max_bytes_ = host_inline_max_bytes(&topo_->host, topo_->eager_bytes);
+      mailbox_max_bytes_ = host_inline_max_bytes(&topo_->host, topo_->eager_bytes);
+      inline_max_bytes_ = world_->options.inline_max_bytes;
+      inline_ops_ = true;
     }
   }
 
@@ -55,10 +57,10 @@ class OfiBackend final : public Backend {
   WorkPtr all_reduce(const void* in, void* out, size_t count, DType dt, ReduceOp op, Duration timeout) override {
     check_buffers(in, out, count);
     check_bytes(count, dt, 1, "all_reduce");
-    if (inline_max_bytes_ > 0 && count > 0 && count * dtype_size(dt) <= inline_max_bytes_ && timeout.count() > 0) {
+    if (count > 0 && count * dtype_size(dt) <= mailbox_max_bytes_ && timeout.count() > 0) {
       if (WorkPtr w = inline_all_reduce(in, out, count, dt, op, timeout)) return w;
     }
-    return issue(OpType::kAllReduce, dt, {static_cast<int64_t>(count)}, -1, timeout, true,
+    return issue(OpType::kAllReduce, dt, {static_cast<int64_t>(count)}, -1, timeout, true, count * dtype_size(dt),
                  [=](OpCtx& c, Topology* t, uint64_t seq) {
                    return group_all_reduce(c, t, in, out, count, dt, op, seq);
                  });
@@ -68,7 +70,7 @@ class OfiBackend final : public Backend {
     check_buffers(in, out, count);
     check_bytes(count, dt, static_cast<size_t>(size()), "reduce_scatter");
     return issue(OpType::kReduceScatter, dt, {static_cast<int64_t>(count) * size(), static_cast<int64_t>(count)}, -1,
-                 timeout, true, [=](OpCtx& c, Topology* t, uint64_t seq) {
+                 timeout, true, count * dtype_size(dt) * static_cast<size_t>(size()), [=](OpCtx& c, Topology* t, uint64_t seq) {
                    return group_reduce_scatter(c, t, in, out, count, dt, op, seq);
                  });
   }
@@ -77,7 +79,7 @@ class OfiBackend final : public Backend {
     check_buffers(in, out, count);
     check_bytes(count, dt, static_cast<size_t>(size()), "all_gather");
     return issue(OpType::kAllGather, dt, {static_cast<int64_t>(count), static_cast<int64_t>(count) * size()}, -1,
-                 timeout, true, [=](OpCtx& c, Topology* t, uint64_t seq) {
+                 timeout, true, count * dtype_size(dt) * static_cast<size_t>(size()), [=](OpCtx& c, Topology* t, uint64_t seq) {
                    return group_all_gather(c, t, in, out, count, dt, seq);
                  });
   }
@@ -105,7 +107,7 @@ class OfiBackend final : public Backend {
     check_buffers(in, in, sum_s);
     check_buffers(out, out, sum_r);
     return issue(OpType::kAllToAll, dt, {total_s, total_r}, -1, timeout, true,
-                 [=](OpCtx& c, Topology* t, uint64_t seq) {
+                 std::max(sum_s, sum_r) * dtype_size(dt), [=](OpCtx& c, Topology* t, uint64_t seq) {
                    return group_all_to_all(c, t, in, out, sc, rc, dt, seq);
                  });
   }
@@ -114,7 +116,7 @@ class OfiBackend final : public Backend {
     check_rank(root, "root");
     check_buffers(buf, buf, count);
     check_bytes(count, dt, 1, "broadcast");
-    return issue(OpType::kBroadcast, dt, {static_cast<int64_t>(count)}, root, timeout, true,
+    return issue(OpType::kBroadcast, dt, {static_cast<int64_t>(count)}, root, timeout, true, count * dtype_size(dt),
                  [=](OpCtx& c, Topology* t, uint64_t seq) {
                    return group_broadcast(c, t, buf, count, dt, root, seq);
                  });
@@ -125,7 +127,7 @@ class OfiBackend final : public Backend {
     check_rank(root, "root");
     check_buffers(in, rank() == root ? out : in, count);
     check_bytes(count, dt, 1, "reduce");
-    return issue(OpType::kReduce, dt, {static_cast<int64_t>(count)}, root, timeout, true,
+    return issue(OpType::kReduce, dt, {static_cast<int64_t>(count)}, root, timeout, true, count * dtype_size(dt),
                  [=](OpCtx& c, Topology* t, uint64_t seq) {
                    return group_reduce(c, t, in, out, count, dt, op, root, seq);
                  });
@@ -136,7 +138,7 @@ class OfiBackend final : public Backend {
     check_tag(tag);
     check_buffers(buf, buf, count);
     const size_t bytes = check_bytes(count, dt, 1, "send");
-    return issue(OpType::kSend, dt, {static_cast<int64_t>(count)}, peer, timeout, false,
+    return issue(OpType::kSend, dt, {static_cast<int64_t>(count)}, peer, timeout, false, bytes,
                  [=](OpCtx& c, Topology* t, uint64_t) { return algo::send(c, &t->p2p, peer, buf, bytes, tag); });
   }
 
@@ -145,12 +147,12 @@ class OfiBackend final : public Backend {
     check_tag(tag);
     check_buffers(buf, buf, count);
     const size_t bytes = check_bytes(count, dt, 1, "recv");
-    return issue(OpType::kRecv, dt, {static_cast<int64_t>(count)}, peer, timeout, false,
+    return issue(OpType::kRecv, dt, {static_cast<int64_t>(count)}, peer, timeout, false, bytes,
                  [=](OpCtx& c, Topology* t, uint64_t) { return algo::recv(c, &t->p2p, peer, buf, bytes, tag); });
   }
 
   WorkPtr barrier(Duration timeout) override {
-    return issue(OpType::kBarrier, DType::kU8, {}, -1, timeout, true,
+    return issue(OpType::kBarrier, DType::kU8, {}, -1, timeout, true, 0,
                  [](OpCtx& c, Topology* t, uint64_t seq) { return group_barrier(c, t, seq); });
   }
 
@@ -161,14 +163,25 @@ class OfiBackend final : public Backend {
   }
 
  private:
+  // `bytes`: the most data the op moves per rank (the inline limit applies).
   template <typename Make>
   WorkPtr issue(OpType type, DType dt, std::vector<int64_t> sizes, int peer, Duration timeout, bool collective,
-                Make make) {
+                size_t bytes, Make make) {
     TORUS_CHECK(timeout.count() > 0, InvalidArgument, "ofi {} on group '{}': timeout must be > 0, got {} ms",
                 op_type_name(type), info_.name, timeout.count());
     std::lock_guard<std::mutex> lock(issue_mu_);
     return submit_locked(next_info(type, dt, std::move(sizes), peer, collective), timeout, collective,
-                         std::move(make));
+                         std::move(make), collective && inline_ops_ && bytes <= inline_max_bytes_);
+  }
+
+  // Whether no collective of this group is queued or running in the engine
+  // (the last one handed over has finished: the engine runs them in
+  // order), so that this thread may run one on the host segment. issue_mu_
+  // held.
+  bool may_run_inline() {
+    if (state_->broken() || (last_collective_ && !last_collective_->is_completed())) return false;
+    last_collective_.reset();
+    return true;
   }
 
   // The WorkInfo of the next op, with its sequence number. issue_mu_ held.
@@ -185,9 +198,11 @@ class OfiBackend final : public Backend {
     return wi;
   }
 
-  // Hands the op to the engine. issue_mu_ held.
+  // Hands the op to the engine, after running it here first when
+  // `try_inline` and may_run_inline() (Note [Inline ops] in engine.h).
+  // issue_mu_ held.
   template <typename Make>
-  WorkPtr submit_locked(WorkInfo wi, Duration timeout, bool collective, Make make) {
+  WorkPtr submit_locked(WorkInfo wi, Duration timeout, bool collective, Make make, bool try_inline = false) {
     const uint64_t seq = wi.seq;
     auto body = [topo = topo_, make = std::move(make), seq](OpCtx& c) { return make(c, topo.get(), seq); };
     auto op = std::make_unique<OpWith<decltype(body)>>(std::move(body));
@@ -196,6 +211,7 @@ class OfiBackend final : public Backend {
     op->collective = collective;
     op->issued = Clock::now();
     op->deadline = op->issued + timeout;
+    if (try_inline && may_run_inline() && world_->engine->run_inline(*op, inline_spin_)) return op->work;
     if (collective) last_collective_ = op->work;
     WorkPtr work = op->work;
     world_->engine->submit(std::move(op));
@@ -210,8 +226,7 @@ class OfiBackend final : public Backend {
   // time; else the Work of an engine op that finishes it.
   WorkPtr inline_all_reduce(const void* in, void* out, size_t count, DType dt, ReduceOp op, Duration timeout) {
     std::lock_guard<std::mutex> lock(issue_mu_);
-    if (state_->broken() || (last_collective_ && !last_collective_->is_completed())) return nullptr;
-    last_collective_.reset();
+    if (!may_run_inline()) return nullptr;
     HostGroup* h = &topo_->host;
     const int64_t divisor = op == ReduceOp::kAvg ? size() : 0;
     const InlineOutcome got =
@@ -256,7 +271,12 @@ class OfiBackend final : public Backend {
   std::mutex issue_mu_;
   std::shared_ptr<OfiWork> last_collective_;  // the last collective handed to the engine (issue_mu_)
   std::chrono::nanoseconds inline_spin_;
-  size_t inline_max_bytes_ = 0;  // all_reduce up to this runs inline; 0: never
+  size_t mailbox_max_bytes_ = 0;  // all_reduce up to this runs as host_all_reduce_inline; 0: never
+  // Other collectives moving up to this many bytes per rank start in the
+  // caller's thread (Engine::run_inline); unset (0 and never) when the
+  // group is not all on one host's segment or the spin is 0.
+  size_t inline_max_bytes_ = 0;
+  bool inline_ops_ = false;
   uint64_t collective_seq_ = 0;
   uint64_t p2p_seq_ = 0;
   int splits_ = 0;

@@ -27,11 +27,15 @@ struct OfiOptions {
   // whole message (one round, lowest latency); above: pipelined
   // reduce-scatter + all-gather through the segment.
   size_t shm_eager_bytes = size_t{16} << 10;   // TORUS_OFI_SHM_EAGER_BYTES
-  // An all_reduce of at most 56 bytes on a group that lives on one host runs
-  // in the caller's thread (Note [Inline mailbox all_reduce]), spinning at
-  // most this long for the peers before the engine takes over. 0: always
-  // through the engine.
+  // An all_reduce of one round (up to shm_eager_bytes) on a group that lives
+  // on one host runs in the caller's thread (Note [Inline mailbox
+  // all_reduce]), spinning at most this long for the peers before the
+  // engine takes over. 0: every op through the engine.
   size_t inline_spin_us = 10;                  // TORUS_OFI_INLINE_SPIN_US
+  // On such a group, other collectives moving at most this many bytes per
+  // rank also start in the caller's thread, under the same spin, and the
+  // engine finishes what the spin did not (Note [Inline ops] in engine.h).
+  size_t inline_max_bytes = size_t{64} << 10;  // TORUS_OFI_INLINE_MAX_BYTES
   // Ops moving at least this many bytes write their results to user memory
   // with non-temporal stores (they would only evict the caches).
   size_t shm_nt_bytes = size_t{4} << 20;       // TORUS_OFI_SHM_NT_BYTES

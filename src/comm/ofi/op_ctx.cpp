@@ -89,6 +89,15 @@ void OpCtx::finish_all(std::vector<Request*>& rs) {
 }
 
 char* OpCtx::scratch(size_t bytes) {
+  if (detached_) {
+    auto s = std::make_unique<Scratch>();
+    const size_t rounded = (std::max<size_t>(bytes, 64) + 63) / 64 * 64;
+    s->data.reset(static_cast<char*>(std::aligned_alloc(64, rounded)));
+    TORUS_CHECK(s->data != nullptr, CommError, "ofi: out of memory allocating {} bytes of scratch", rounded);
+    s->bytes = rounded;
+    own_scratch_.push_back(std::move(s));
+    return own_scratch_.back()->data.get();
+  }
   scratch_.push_back(engine_.lend_scratch(bytes));
   return scratch_.back()->data.get();
 }
