@@ -162,14 +162,27 @@ void publish_mailbox(HostGroup* h, uint64_t r, const void* in, size_t bytes) {
   mine.round.store(r, std::memory_order_release);
 }
 
+// This rank's own contribution to a one-round combine is read from its
+// input, not from the copy it just published: that line is still on its
+// way to exclusive ownership (the peers held it), and reading it back would
+// wait for that, a cross-core round trip per op. The input holds the same
+// bits. Only srcs[0] and srcs[1] may alias the output (combine reduces
+// element by element into it), so an in-place input of a rank past the
+// second is read from its copy.
+const char* own_source(const HostGroup* h, const void* in, const void* out, const char* published) {
+  return in != out || h->local_rank() < 2 ? static_cast<const char*>(in) : published;
+}
+
 // Every mailbox of round r is in: out = their reduction in rank order (the
 // same bits on every rank); then this rank is done with round r.
-void combine_mailboxes(HostGroup* h, uint64_t r, void* out, size_t count, DType t, ReduceOp op, int64_t divisor) {
+void combine_mailboxes(HostGroup* h, uint64_t r, const void* in, void* out, size_t count, DType t, ReduceOp op,
+                       int64_t divisor) {
   const HostSegment& s = *h->seg;
-  const int L = s.local_size();
+  const int L = s.local_size(), me = s.local_rank();
   std::vector<const char*>& srcs = h->srcs;
   srcs.resize(static_cast<size_t>(L));
   for (int q = 0; q < L; ++q) srcs[static_cast<size_t>(q)] = s.control(q).mailbox[r % 2].data;
+  srcs[static_cast<size_t>(me)] = own_source(h, in, out, srcs[static_cast<size_t>(me)]);
   float acc[SegmentMailbox::kBytes / 2];
   combine(static_cast<char*>(out), srcs, count, t, op, divisor, acc);
   signal(h, Counter::kConsumed, r);
@@ -178,13 +191,14 @@ void combine_mailboxes(HostGroup* h, uint64_t r, void* out, size_t count, DType 
 // Every in-slot of round r is full: out = their reduction in rank order;
 // then this rank is done with round r. Halves accumulate in the op's
 // scratch, or in the group's when there is no op (`c` null: inline).
-void combine_slots(HostGroup* h, uint64_t r, void* out, size_t count, DType t, ReduceOp op, int64_t divisor,
-                   OpCtx* c) {
+void combine_slots(HostGroup* h, uint64_t r, const void* in, void* out, size_t count, DType t, ReduceOp op,
+                   int64_t divisor, OpCtx* c) {
   const HostSegment& s = *h->seg;
-  const int L = s.local_size();
+  const int L = s.local_size(), me = s.local_rank();
   std::vector<const char*>& srcs = h->srcs;
   srcs.resize(static_cast<size_t>(L));
   for (int q = 0; q < L; ++q) srcs[static_cast<size_t>(q)] = s.in_slot(q, r);
+  srcs[static_cast<size_t>(me)] = own_source(h, in, out, srcs[static_cast<size_t>(me)]);
   float* acc = nullptr;
   if (is_half(t)) {
     if (c != nullptr) {
@@ -260,15 +274,15 @@ InlineOutcome host_all_reduce_inline(HostGroup* h, const void* in, void* out, si
   if (!spin_until(s, spin, all_in)) return InlineOutcome::kPublished;
   note_all_consumed(h, r);
   if (mailbox) {
-    combine_mailboxes(h, r, out, count, t, op, divisor);
+    combine_mailboxes(h, r, in, out, count, t, op, divisor);
   } else {
-    combine_slots(h, r, out, count, t, op, divisor, nullptr);
+    combine_slots(h, r, in, out, count, t, op, divisor, nullptr);
   }
   return InlineOutcome::kDone;
 }
 
-Task host_all_reduce_finish(OpCtx& c, HostGroup* h, uint64_t round, void* out, size_t count, DType t, ReduceOp op,
-                            int64_t divisor) {
+Task host_all_reduce_finish(OpCtx& c, HostGroup* h, uint64_t round, const void* in, void* out, size_t count,
+                            DType t, ReduceOp op, int64_t divisor) {
   if (count * dtype_size(t) <= SegmentMailbox::kBytes) {
     co_await wait_mailboxes(c, h, round);
   } else {
@@ -276,9 +290,9 @@ Task host_all_reduce_finish(OpCtx& c, HostGroup* h, uint64_t round, void* out, s
   }
   note_all_consumed(h, round);
   if (count * dtype_size(t) <= SegmentMailbox::kBytes) {
-    combine_mailboxes(h, round, out, count, t, op, divisor);
+    combine_mailboxes(h, round, in, out, count, t, op, divisor);
   } else {
-    combine_slots(h, round, out, count, t, op, divisor, &c);
+    combine_slots(h, round, in, out, count, t, op, divisor, &c);
   }
 }
 
@@ -374,7 +388,7 @@ Task host_all_reduce(OpCtx& c, HostGroup* h, const void* in_v, void* out_v, size
     publish_mailbox(h, r, in, bytes);
     co_await wait_mailboxes(c, h, r);
     note_all_consumed(h, r);
-    combine_mailboxes(h, r, out, count, t, op, divisor);
+    combine_mailboxes(h, r, in, out, count, t, op, divisor);
     co_return;
   }
   if (bytes <= std::min(eager_bytes, static_cast<size_t>(L) * s.stripe_bytes())) {
@@ -384,7 +398,7 @@ Task host_all_reduce(OpCtx& c, HostGroup* h, const void* in_v, void* out_v, size
     signal(h, Counter::kCopied, r);
     co_await wait_for(c, h, Counter::kCopied, r);
     note_all_consumed(h, r);
-    combine_slots(h, r, out, count, t, op, divisor, &c);
+    combine_slots(h, r, in, out, count, t, op, divisor, &c);
     co_return;
   }
   algo::Partition p = algo::balanced(count, L);

@@ -114,7 +114,7 @@ size_t host_inline_max_bytes(const HostGroup* h, size_t eager_bytes);
 InlineOutcome host_all_reduce_inline(HostGroup* h, const void* in, void* out, size_t count, DType t, ReduceOp op,
                                      int64_t divisor, size_t eager_bytes, std::chrono::nanoseconds spin);
 // The rest of an op host_all_reduce_inline left kPublished, in round `round`.
-Task host_all_reduce_finish(OpCtx& c, HostGroup* h, uint64_t round, void* out, size_t count, DType t, ReduceOp op,
-                            int64_t divisor);
+Task host_all_reduce_finish(OpCtx& c, HostGroup* h, uint64_t round, const void* in, void* out, size_t count,
+                            DType t, ReduceOp op, int64_t divisor);
 
 }  // namespace torus::comm::ofi

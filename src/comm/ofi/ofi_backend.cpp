@@ -238,7 +238,7 @@ class OfiBackend final : public Backend {
     }
     const uint64_t round = h->round;
     return submit_locked(std::move(wi), timeout, true, [=](OpCtx& c, Topology* t, uint64_t) {
-      return host_all_reduce_finish(c, &t->host, round, out, count, dt, op, divisor);
+      return host_all_reduce_finish(c, &t->host, round, in, out, count, dt, op, divisor);
     });
   }
 
