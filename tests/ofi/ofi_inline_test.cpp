@@ -20,7 +20,9 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using Ms = std::chrono::milliseconds;
 
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
 
 JobSpec inline_job(int n, size_t spin_us = 10) {
   JobSpec s = one_host(n, "shm");
@@ -45,11 +47,13 @@ TEST_P(InlineRanks, ResultsMatchClosedFormsAcrossTheLimits) {
       b.all_reduce(h.data(), out.data(), count, DType::kF16, ReduceOp::kSum, kT)->wait();
       std::vector<float> f(count);
       for (size_t i = 0; i < count; ++i) f[i] = kernels::f16_to_float(out[i]);
-      require_values(f, [&](size_t i) { return sum_over(n, i); }, "f16 sum count " + std::to_string(count));
+      require_values(
+          f, [&](size_t i) { return sum_over(n, i); }, "f16 sum count " + std::to_string(count));
       std::vector<double> d(count);
       for (size_t i = 0; i < count; ++i) d[i] = contribution(rank, i) + 0.25;
       b.all_reduce(d.data(), d.data(), count, DType::kF64, ReduceOp::kMax, kT)->wait();
-      require_values(d, [&](size_t i) { return max_over(n, i) + 0.25; }, "f64 max count " + std::to_string(count));
+      require_values(
+          d, [&](size_t i) { return max_over(n, i) + 0.25; }, "f64 max count " + std::to_string(count));
     }
     // Async: a large op in flight makes the small ones behind it queue in
     // the engine (in order); then small ones back to back, waited at the end.
@@ -62,9 +66,11 @@ TEST_P(InlineRanks, ResultsMatchClosedFormsAcrossTheLimits) {
       works.push_back(b.all_reduce(small[k].data(), small[k].data(), 3, DType::kF32, ReduceOp::kSum, kT));
     }
     for (auto& w : works) w->wait();
-    require_values(big, [&](size_t i) { return sum_over(n, i); }, "large all_reduce before small ones");
+    require_values(
+        big, [&](size_t i) { return sum_over(n, i); }, "large all_reduce before small ones");
     for (size_t k = 0; k < small.size(); ++k) {
-      require_values(small[k], [&](size_t i) { return sum_over(n, i + k); }, "small op " + std::to_string(k));
+      require_values(
+          small[k], [&](size_t i) { return sum_over(n, i + k); }, "small op " + std::to_string(k));
     }
   });
   expect_all_ok(results);
@@ -99,7 +105,8 @@ TEST(Inline, LatePeerHandsTheOpToTheEngine) {
         require(!w->is_completed(), "the op completed before the late peer joined");
       }
       w->wait();
-      require_values(x, [&](size_t i) { return sum_over(2, i); }, "late-peer result count " + std::to_string(count));
+      require_values(
+          x, [&](size_t i) { return sum_over(2, i); }, "late-peer result count " + std::to_string(count));
     }
   });
   expect_all_ok(results);
@@ -128,10 +135,11 @@ TEST(Inline, LatePeerHandsOtherCollectivesToTheEngine) {
       g->wait();
       c->wait();
       w->wait();
-      require_values(out, [&](size_t i) { return contribution(static_cast<int>(i / count), i % count); },
-                     "all_gather with rank " + std::to_string(late) + " late");
-      require_values(bc, [&](size_t i) { return contribution(7, i); },
-                     "broadcast from late rank " + std::to_string(late));
+      require_values(
+          out, [&](size_t i) { return contribution(static_cast<int>(i / count), i % count); },
+          "all_gather with rank " + std::to_string(late) + " late");
+      require_values(
+          bc, [&](size_t i) { return contribution(7, i); }, "broadcast from late rank " + std::to_string(late));
     }
   });
   expect_all_ok(results);
@@ -155,8 +163,8 @@ TEST(Inline, OppositeGroupOrdersDoNotDeadlock) {
       }
       wa->wait();
       wb->wait();
-      require(a == 3.f && c == 30.f, "round " + std::to_string(round) + ": got " + std::to_string(a) + ", " +
-                                         std::to_string(c));
+      require(a == 3.f && c == 30.f,
+              "round " + std::to_string(round) + ": got " + std::to_string(a) + ", " + std::to_string(c));
     }
   });
   expect_all_ok(results);
@@ -200,6 +208,33 @@ TEST(Inline, DeadPeerIsNamed) {
     } else {
       EXPECT_TRUE(results[r].exited_ok()) << "rank " << r << ": " << results[r].output;
     }
+  }
+}
+
+// A root that never waits for the others (a one-round broadcast) must not
+// reuse a mailbox that a slower peer has not read yet: all_reduce,
+// broadcast, all_reduce over and over, on more ranks than cores so that a
+// rank is often preempted between seeing a mailbox's round and reading its
+// data. Every result is checked.
+// Inline and through the engine (spin 0).
+TEST(Inline, RootRunningAheadDoesNotOverwriteUnreadMailboxes) {
+  for (size_t spin_us : {10, 0}) {
+    SCOPED_TRACE("inline spin " + std::to_string(spin_us) + " us");
+    auto results = run_job(inline_job(4, spin_us), [&](Backend& b, int rank) {
+      for (int i = 0; i < 3000; ++i) {
+        double x = rank + i, total = 0;
+        for (int q = 0; q < 4; ++q) total += q + i;
+        b.all_reduce(&x, &x, 1, DType::kF64, ReduceOp::kSum, kT)->wait();
+        require(x == total, "first all_reduce of iteration " + std::to_string(i) + ": " + std::to_string(x));
+        double v = rank == 0 ? 1000.0 + i : -1.0;
+        b.broadcast(&v, 1, DType::kF64, 0, kT)->wait();
+        require(v == 1000.0 + i, "broadcast of iteration " + std::to_string(i));
+        double y = 2.0 * (rank + i);
+        b.all_reduce(&y, &y, 1, DType::kF64, ReduceOp::kSum, kT)->wait();
+        require(y == 2 * total, "second all_reduce of iteration " + std::to_string(i) + ": " + std::to_string(y));
+      }
+    });
+    expect_all_ok(results);
   }
 }
 

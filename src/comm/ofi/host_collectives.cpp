@@ -4,7 +4,8 @@
 // every local rank numbers rounds identically (HostGroup::round counts them
 // over the life of the group). In round r a rank may write its slots r % D
 // only after every peer's `consumed` counter reached r - D, i.e. after all
-// of them finished reading those slots in round r - D. Within a round,
+// of them finished reading those slots in round r - D; its mailbox of
+// round r (they alternate by parity) only after r - 2 (wait_mailbox_free). Within a round,
 // `copied` and `reduced` say that a rank's in-slot and out-slot of round r
 // are ready. Counters only grow, so a round never waits for a signal of an
 // older op, and nothing needs resetting between ops.
@@ -133,6 +134,17 @@ auto wait_mailboxes(OpCtx& c, HostGroup* h, uint64_t round) {
   return c.until(std::move(ready), std::move(describe));
 }
 
+// A rank's mailboxes alternate by round parity: its mailbox of round r may
+// be rewritten once every peer consumed round r - 2. Ops where every rank
+// waits for every other keep the ranks within one round of each other, but
+// a rank that waits for nobody (the root of a broadcast, a non-root of a
+// reduce) can run ahead, and a peer still reading round r - 2 would read
+// round r's data.
+uint64_t mailbox_free_after(uint64_t r) { return r > 2 ? r - 2 : 0; }
+auto wait_mailbox_free(OpCtx& c, HostGroup* h, uint64_t r) {
+  return wait_for(c, h, Counter::kConsumed, mailbox_free_after(r));
+}
+
 // Slots of round r may be rewritten once every peer consumed round r - D.
 auto wait_slots_free(OpCtx& c, HostGroup* h, uint64_t r) {
   uint64_t need = r > static_cast<uint64_t>(h->seg->depth()) ? r - static_cast<uint64_t>(h->seg->depth()) : 0;
@@ -237,7 +249,7 @@ InlineOutcome host_all_reduce_inline(HostGroup* h, const void* in, void* out, si
   const bool mailbox = bytes <= SegmentMailbox::kBytes;
   const uint64_t r = h->round + 1;
   const uint64_t depth = static_cast<uint64_t>(s.depth());
-  const uint64_t need = r > depth ? r - depth : 0;  // Note [Segment rounds]
+  const uint64_t need = mailbox ? mailbox_free_after(r) : r > depth ? r - depth : 0;  // Note [Segment rounds]
   std::vector<uint64_t>& consumed = h->seen[static_cast<int>(Counter::kConsumed)];
   auto slots_free = [&] {
     for (int q = 0; q < L; ++q) {
@@ -384,7 +396,7 @@ Task host_all_reduce(OpCtx& c, HostGroup* h, const void* in_v, void* out_v, size
   char* out = static_cast<char*>(out_v);
   if (bytes <= SegmentMailbox::kBytes) {
     const uint64_t r = ++h->round;
-    co_await wait_slots_free(c, h, r);  // D >= 2: this parity's mailboxes are free
+    co_await wait_mailbox_free(c, h, r);
     publish_mailbox(h, r, in, bytes);
     co_await wait_mailboxes(c, h, r);
     note_all_consumed(h, r);
@@ -505,7 +517,7 @@ Task host_all_to_all(OpCtx& c, HostGroup* h, const void* in_v, void* out_v, std:
   uint64_t most = largest;
   {
     const uint64_t r = ++h->round;
-    co_await wait_slots_free(c, h, r);
+    co_await wait_mailbox_free(c, h, r);
     SegmentMailbox& mine = s.control(me).mailbox[r % 2];
     std::memcpy(mine.data, &most, sizeof(most));
     mine.round.store(r, std::memory_order_release);

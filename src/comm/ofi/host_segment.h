@@ -13,8 +13,8 @@
 // `reduced` (my out-slot is full), `consumed` (I am done reading everybody's
 // slots of that round), and two mailboxes (data of up to 56 bytes with its
 // round number in one line). A rank reuses its slots of round r for round
-// r + D (D >= 2, so mailboxes too) only once every peer has consumed round r
-// (Note [Segment rounds] in host_collectives.cpp).
+// r + D, and its mailbox of round r for round r + 2, only once every peer
+// has consumed round r (Note [Segment rounds] in host_collectives.cpp).
 //
 // Rendezvous (constructor, collective over the local members): local rank 0
 // creates the object under a name unique to the job and group, exclusively,
