@@ -220,7 +220,7 @@ void Engine::break_group(const std::shared_ptr<GroupState>& g, const std::string
   if (wake) cv_.notify_one();
 }
 
-bool Engine::run_inline(Op& op, std::chrono::nanoseconds spin) {
+bool Engine::run_inline(Op& op, const GroupState& group, std::chrono::nanoseconds spin) {
   op.ctx.emplace(*this, op);
   OpCtx& c = *op.ctx;
   c.set_detached();
@@ -238,14 +238,13 @@ bool Engine::run_inline(Op& op, std::chrono::nanoseconds spin) {
   };
   bool finished = false;
   try {
-    finished = spin_politely(spin, advance, [&op] { return op.group->broken(); });
+    finished = spin_politely(spin, advance, [&group] { return group.broken(); });
   } catch (...) {
     return false;  // a wait condition threw (the segment broke): the engine asks again and fails the op
   }
   if (!finished || c.root.error()) return false;
   op.ctx.reset();
-  op.work->mark_completed();
-  op.work->finished_.store(true, std::memory_order_release);
+  op.work->complete_unshared();  // the caller has not handed it out yet
   return true;
 }
 

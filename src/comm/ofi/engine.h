@@ -158,10 +158,15 @@ class OfiWork final : public Work {
   // A Work that completed before it was returned (an op run in the caller's
   // thread).
   struct Completed {};
-  OfiWork(WorkInfo info, Completed) : Work(std::move(info)) {
+  OfiWork(WorkInfo info, Completed) : Work(std::move(info)) { complete_unshared(); }
+  // Completes a Work nobody else holds yet (no callbacks, nothing kept
+  // alive, no waiters), without the locking of mark_completed().
+  void complete_unshared() {
     done_ = true;
-    finished_.store(true, std::memory_order_relaxed);
+    finished_.store(true, std::memory_order_release);
   }
+  // The engine that wait() drives; set before the Work is shared.
+  void set_engine(std::weak_ptr<Engine> engine) { engine_ = std::move(engine); }
   bool is_completed() const override { return finished_.load(std::memory_order_acquire); }
   // Once is_completed(), the outcome without taking the Work's lock.
   void rethrow_if_failed() const {
@@ -287,6 +292,7 @@ struct Op {
   virtual Task make(OpCtx& c) = 0;
   std::shared_ptr<OfiWork> work;
   std::shared_ptr<GroupState> group;
+  std::shared_ptr<const void> keep;  // what the op's coroutine points into (the group's topology)
   bool collective = true;
   Clock::time_point issued;
   Clock::time_point deadline;
@@ -357,7 +363,10 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // failure as for any op. Only for ops that touch nothing the driver owns
   // (host segment collectives: no requests, no pooled scratch), and only
   // while no other op of the group is queued or running.
-  bool run_inline(Op& op, std::chrono::nanoseconds spin);
+  // `group` is the op's group (op.group may still be unset: the caller
+  // sets it, and the op's other shared references, only if it hands the op
+  // over).
+  bool run_inline(Op& op, const GroupState& group, std::chrono::nanoseconds spin);
 
   // Drives progress until `work` completes or `until` passes (Note [Who
   // drives]). Returns whether it completed.

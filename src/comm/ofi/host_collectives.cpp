@@ -5,7 +5,8 @@
 // over the life of the group). In round r a rank may write its slots r % D
 // only after every peer's `consumed` counter reached r - D, i.e. after all
 // of them finished reading those slots in round r - D; its mailbox of
-// round r (they alternate by parity) only after r - 2 (wait_mailbox_free). Within a round,
+// round r (a ring of kMailboxes) only after r - kMailboxes
+// (wait_mailbox_free). Within a round,
 // `copied` and `reduced` say that a rank's in-slot and out-slot of round r
 // are ready. Counters only grow, so a round never waits for a signal of an
 // older op, and nothing needs resetting between ops.
@@ -107,25 +108,26 @@ void note_all_consumed(HostGroup* h, uint64_t r) {
   }
 }
 
-// Suspends until every other local rank's mailbox of `round` is filled.
-auto wait_mailboxes(OpCtx& c, HostGroup* h, uint64_t round) {
-  auto ready = [&c, h, round, spins = 0u]() mutable {
+// Suspends until every other local rank's mailbox of `round` (or only that
+// of `only`) is filled.
+auto wait_mailboxes(OpCtx& c, HostGroup* h, uint64_t round, int only = -1) {
+  auto ready = [&c, h, round, only, spins = 0u]() mutable {
     const HostSegment& s = *h->seg;
     for (int q = 0; q < s.local_size(); ++q) {
-      if (q == s.local_rank()) continue;
-      if (s.control(q).mailbox[round % 2].round.load(std::memory_order_acquire) < round) {
+      if (q == s.local_rank() || (only >= 0 && q != only)) continue;
+      if (s.control(q).mailbox[round % SegmentControl::kMailboxes].round.load(std::memory_order_acquire) < round) {
         check_health(c, h, spins);
         return false;
       }
     }
     return true;
   };
-  auto describe = [h, round] {
+  auto describe = [h, round, only] {
     const HostSegment& s = *h->seg;
     std::vector<std::string> lag;
     for (int q = 0; q < s.local_size(); ++q) {
-      uint64_t v = s.control(q).mailbox[round % 2].round.load(std::memory_order_acquire);
-      if (q != s.local_rank() && v < round) {
+      uint64_t v = s.control(q).mailbox[round % SegmentControl::kMailboxes].round.load(std::memory_order_acquire);
+      if (q != s.local_rank() && (only < 0 || q == only) && v < round) {
         lag.push_back(fmt::format("world rank {} (mailbox round {} < {})", s.control(q).world_rank, v, round));
       }
     }
@@ -134,13 +136,17 @@ auto wait_mailboxes(OpCtx& c, HostGroup* h, uint64_t round) {
   return c.until(std::move(ready), std::move(describe));
 }
 
-// A rank's mailboxes alternate by round parity: its mailbox of round r may
-// be rewritten once every peer consumed round r - 2. Ops where every rank
-// waits for every other keep the ranks within one round of each other, but
-// a rank that waits for nobody (the root of a broadcast, a non-root of a
-// reduce) can run ahead, and a peer still reading round r - 2 would read
-// round r's data.
-uint64_t mailbox_free_after(uint64_t r) { return r > 2 ? r - 2 : 0; }
+// A rank's mailboxes form a ring of K = kMailboxes: its mailbox of round r
+// may be rewritten once every peer consumed round r - K. Ops where every
+// rank waits for every other keep the ranks within one round of each other,
+// but a rank that waits for nobody (the root of a broadcast, a non-root of
+// a reduce) can run ahead, and a peer still reading round r - K would read
+// round r's data. With K rounds of slack such a rank reads its peers'
+// `consumed` lines only once every few ops.
+uint64_t mailbox_free_after(uint64_t r) {
+  constexpr uint64_t k = SegmentControl::kMailboxes;
+  return r > k ? r - k : 0;
+}
 auto wait_mailbox_free(OpCtx& c, HostGroup* h, uint64_t r) {
   return wait_for(c, h, Counter::kConsumed, mailbox_free_after(r));
 }
@@ -169,7 +175,7 @@ void combine(char* dst, std::span<const char* const> srcs, size_t n, DType t, Re
 }
 
 void publish_mailbox(HostGroup* h, uint64_t r, const void* in, size_t bytes) {
-  SegmentMailbox& mine = h->seg->control(h->local_rank()).mailbox[r % 2];
+  SegmentMailbox& mine = h->seg->control(h->local_rank()).mailbox[r % SegmentControl::kMailboxes];
   std::memcpy(mine.data, in, bytes);
   mine.round.store(r, std::memory_order_release);
 }
@@ -193,7 +199,7 @@ void combine_mailboxes(HostGroup* h, uint64_t r, const void* in, void* out, size
   const int L = s.local_size(), me = s.local_rank();
   std::vector<const char*>& srcs = h->srcs;
   srcs.resize(static_cast<size_t>(L));
-  for (int q = 0; q < L; ++q) srcs[static_cast<size_t>(q)] = s.control(q).mailbox[r % 2].data;
+  for (int q = 0; q < L; ++q) srcs[static_cast<size_t>(q)] = s.control(q).mailbox[r % SegmentControl::kMailboxes].data;
   srcs[static_cast<size_t>(me)] = own_source(h, in, out, srcs[static_cast<size_t>(me)]);
   float acc[SegmentMailbox::kBytes / 2];
   combine(static_cast<char*>(out), srcs, count, t, op, divisor, acc);
@@ -274,7 +280,7 @@ InlineOutcome host_all_reduce_inline(HostGroup* h, const void* in, void* out, si
     for (int q = 0; q < L; ++q) {
       if (q == me) continue;
       if (mailbox) {
-        if (s.control(q).mailbox[r % 2].round.load(std::memory_order_acquire) < r) return false;
+        if (s.control(q).mailbox[r % SegmentControl::kMailboxes].round.load(std::memory_order_acquire) < r) return false;
       } else {
         uint64_t& v = copied[static_cast<size_t>(q)];
         if (v < r) v = counter(s, q, Counter::kCopied).load(std::memory_order_acquire);
@@ -431,6 +437,25 @@ Task host_all_reduce(OpCtx& c, HostGroup* h, const void* in_v, void* out_v, size
 Task host_reduce_scatter(OpCtx& c, HostGroup* h, const void* in, void* out, size_t count, DType t, ReduceOp op,
                          int64_t divisor) {
   const size_t L = static_cast<size_t>(h->local_size());
+  if (const size_t block = count * dtype_size(t); L * block <= SegmentMailbox::kBytes && count > 0) {
+    // One mailbox round: every rank publishes its whole input and reduces
+    // its own block from all of them, in rank order.
+    const HostSegment& s = *h->seg;
+    const size_t me = static_cast<size_t>(s.local_rank());
+    const uint64_t r = ++h->round;
+    co_await wait_mailbox_free(c, h, r);
+    publish_mailbox(h, r, in, L * block);
+    co_await wait_mailboxes(c, h, r);
+    note_all_consumed(h, r);
+    std::vector<const char*>& srcs = h->srcs;
+    srcs.resize(L);
+    for (size_t q = 0; q < L; ++q) srcs[q] = s.control(static_cast<int>(q)).mailbox[r % SegmentControl::kMailboxes].data + me * block;
+    srcs[me] = own_source(h, static_cast<const char*>(in) + me * block, out, srcs[me]);
+    float acc[SegmentMailbox::kBytes / 2];
+    combine(static_cast<char*>(out), srcs, count, t, op, divisor, acc);
+    signal(h, Counter::kConsumed, r);
+    co_return;
+  }
   HostPass a;
   a.dtype = t;
   a.op = op;
@@ -444,6 +469,23 @@ Task host_reduce_scatter(OpCtx& c, HostGroup* h, const void* in, void* out, size
 
 Task host_all_gather(OpCtx& c, HostGroup* h, const void* in, void* out, size_t count, size_t elt) {
   const size_t L = static_cast<size_t>(h->local_size());
+  if (const size_t block = count * elt; block <= SegmentMailbox::kBytes && count > 0) {
+    // One mailbox round; this rank's own block comes from its input.
+    const HostSegment& s = *h->seg;
+    const size_t me = static_cast<size_t>(s.local_rank());
+    const uint64_t r = ++h->round;
+    co_await wait_mailbox_free(c, h, r);
+    publish_mailbox(h, r, in, block);
+    co_await wait_mailboxes(c, h, r);
+    note_all_consumed(h, r);
+    char* o = static_cast<char*>(out);
+    for (size_t q = 0; q < L; ++q) {
+      if (q != me) std::memcpy(o + q * block, s.control(static_cast<int>(q)).mailbox[r % SegmentControl::kMailboxes].data, block);
+    }
+    copy_bytes(o + me * block, in, block);
+    signal(h, Counter::kConsumed, r);
+    co_return;
+  }
   HostPass a;
   a.dtype = elt == 8 ? DType::kI64 : elt == 4 ? DType::kI32 : elt == 2 ? DType::kF16 : DType::kU8;
   a.len.assign(L, count);
@@ -457,6 +499,27 @@ Task host_all_gather(OpCtx& c, HostGroup* h, const void* in, void* out, size_t c
 Task host_reduce(OpCtx& c, HostGroup* h, const void* in, void* out, size_t count, DType t, ReduceOp op,
                  int64_t divisor, int root) {
   const size_t e = dtype_size(t);
+  if (count * e <= SegmentMailbox::kBytes && count > 0) {
+    // One mailbox round; only the root waits (the others may run ahead:
+    // wait_mailbox_free keeps them from overwriting what it has not read).
+    const HostSegment& s = *h->seg;
+    const int L = s.local_size(), me = s.local_rank();
+    const uint64_t r = ++h->round;
+    co_await wait_mailbox_free(c, h, r);
+    publish_mailbox(h, r, in, count * e);
+    if (me == root) {
+      co_await wait_mailboxes(c, h, r);
+      note_all_consumed(h, r);
+      std::vector<const char*>& srcs = h->srcs;
+      srcs.resize(static_cast<size_t>(L));
+      for (int q = 0; q < L; ++q) srcs[static_cast<size_t>(q)] = s.control(q).mailbox[r % SegmentControl::kMailboxes].data;
+      srcs[static_cast<size_t>(me)] = own_source(h, in, out, srcs[static_cast<size_t>(me)]);
+      float acc[SegmentMailbox::kBytes / 2];
+      combine(static_cast<char*>(out), srcs, count, t, op, divisor, acc);
+    }
+    signal(h, Counter::kConsumed, r);
+    co_return;
+  }
   algo::Partition p = algo::balanced(count, h->local_size());
   const bool is_root = h->local_rank() == root;
   HostPass a;
@@ -478,6 +541,20 @@ Task host_broadcast(OpCtx& c, HostGroup* h, void* buf_v, size_t bytes, int root)
   const HostSegment& s = *h->seg;
   const int me = s.local_rank();
   char* buf = static_cast<char*>(buf_v);
+  if (bytes <= SegmentMailbox::kBytes && bytes > 0) {
+    // One mailbox round: the root publishes and goes on; the others copy.
+    const uint64_t r = ++h->round;
+    if (me == root) {
+      co_await wait_mailbox_free(c, h, r);
+      publish_mailbox(h, r, buf, bytes);
+    } else {
+      co_await wait_mailboxes(c, h, r, root);
+      note_consumed(h, root, r);
+      std::memcpy(buf, s.control(root).mailbox[r % SegmentControl::kMailboxes].data, bytes);
+    }
+    signal(h, Counter::kConsumed, r);
+    co_return;
+  }
   const size_t S = static_cast<size_t>(s.local_size()) * s.stripe_bytes();
   const size_t rounds = algo::chunks_of(bytes, S);
   for (size_t t = 0; t < rounds; ++t) {
@@ -518,13 +595,13 @@ Task host_all_to_all(OpCtx& c, HostGroup* h, const void* in_v, void* out_v, std:
   {
     const uint64_t r = ++h->round;
     co_await wait_mailbox_free(c, h, r);
-    SegmentMailbox& mine = s.control(me).mailbox[r % 2];
+    SegmentMailbox& mine = s.control(me).mailbox[r % SegmentControl::kMailboxes];
     std::memcpy(mine.data, &most, sizeof(most));
     mine.round.store(r, std::memory_order_release);
     co_await wait_mailboxes(c, h, r);
     for (int q = 0; q < L; ++q) {
       uint64_t v;
-      std::memcpy(&v, s.control(q).mailbox[r % 2].data, sizeof(v));
+      std::memcpy(&v, s.control(q).mailbox[r % SegmentControl::kMailboxes].data, sizeof(v));
       most = std::max(most, v);
     }
     signal(h, Counter::kConsumed, r);

@@ -11,10 +11,10 @@
 // Control holds three round counters (monotonic over the life of the group,
 // each on its own cache line): `copied` (my in-slot of that round is full),
 // `reduced` (my out-slot is full), `consumed` (I am done reading everybody's
-// slots of that round), and two mailboxes (data of up to 56 bytes with its
-// round number in one line). A rank reuses its slots of round r for round
-// r + D, and its mailbox of round r for round r + 2, only once every peer
-// has consumed round r (Note [Segment rounds] in host_collectives.cpp).
+// slots of that round), and a ring of mailboxes (data of up to 56 bytes
+// with its round number in one line). A rank reuses its slots of round r for round
+// r + D, and its mailbox of round r for round r + kMailboxes, only once
+// every peer has consumed round r (Note [Segment rounds] in host_collectives.cpp).
 //
 // Rendezvous (constructor, collective over the local members): local rank 0
 // creates the object under a name unique to the job and group, exclusively,
@@ -58,7 +58,8 @@ struct SegmentControl {
   SegmentCounter copied;
   SegmentCounter reduced;
   SegmentCounter consumed;
-  SegmentMailbox mailbox[2];  // by round parity
+  static constexpr uint64_t kMailboxes = 8;
+  SegmentMailbox mailbox[kMailboxes];  // by round, round % kMailboxes
   alignas(64) int32_t pid = 0;
   int32_t world_rank = -1;
 };

@@ -204,14 +204,21 @@ class OfiBackend final : public Backend {
   template <typename Make>
   WorkPtr submit_locked(WorkInfo wi, Duration timeout, bool collective, Make make, bool try_inline = false) {
     const uint64_t seq = wi.seq;
-    auto body = [topo = topo_, make = std::move(make), seq](OpCtx& c) { return make(c, topo.get(), seq); };
+    Topology* topo = topo_.get();  // alive while this backend is, and past it through op->keep
+    auto body = [topo, make = std::move(make), seq](OpCtx& c) { return make(c, topo, seq); };
     auto op = std::make_unique<OpWith<decltype(body)>>(std::move(body));
-    op->work = std::allocate_shared<OfiWork>(CachedAllocator<OfiWork>(), std::move(wi), world_->engine);
-    op->group = state_;
+    op->work = std::allocate_shared<OfiWork>(CachedAllocator<OfiWork>(), std::move(wi), std::weak_ptr<Engine>());
     op->collective = collective;
     op->issued = Clock::now();
     op->deadline = op->issued + timeout;
-    if (try_inline && may_run_inline() && world_->engine->run_inline(*op, inline_spin_)) return op->work;
+    // An op finished here never needs the shared references below: they
+    // are taken only for the engine.
+    if (try_inline && may_run_inline() && world_->engine->run_inline(*op, *state_, inline_spin_)) {
+      return std::move(op->work);
+    }
+    op->keep = topo_;
+    op->group = state_;
+    op->work->set_engine(world_->engine);
     if (collective) last_collective_ = op->work;
     WorkPtr work = op->work;
     world_->engine->submit(std::move(op));
@@ -403,7 +410,7 @@ std::shared_ptr<Topology> make_topology(const World& w, uint32_t context, const 
     cfg.local_size = t->local_size;
     cfg.world_rank = w.rank;
     cfg.stripe_bytes = w.options.stripe_bytes(t->local_size);
-    cfg.depth = std::max(2, w.options.shm_depth);  // mailboxes alternate by round parity
+    cfg.depth = std::max(2, w.options.shm_depth);  // the pipeline copies in round t + 1 while reading round t
     cfg.timeout = w.timeout;
     t->segment = std::make_unique<HostSegment>(cfg, *w.store);
     t->host.seg = t->segment.get();
