@@ -19,7 +19,9 @@ reason. Outputs, in --out-dir (default bench/results):
                     running at once (one per core, the DRAM limit of a 2-rank
                     all_reduce), {"probe": "memcpy", "concurrent": 2, "gbps": ...}
   collectives.txt   the tables printed at the end (busbw per size and backend,
-                    and the goal rows with their ratios)
+                    and the goal rows with their ratios: from the sweep, and
+                    from --goal-rounds interleaved rounds of the 2-rank goal
+                    sizes, whose records the JSON tags with "goal_round")
   collectives.png   busbw against size, per op and rank count, one line per
                     backend, the memcpy probe as a dashed line
 and, in --log-dir (default <build-dir>/bench/collectives-logs), the full
@@ -139,8 +141,9 @@ class Runner:
                 "--iters", str(a.iters), "--warmup", str(a.warmup), "--iter-budget", str(a.iter_budget),
                 "--no-probe"]
 
-    def command(self, backend, n, json_path):
-        """The mpirun command line and the variables it exports to the ranks."""
+    def command(self, backend, n, json_path, sweep=None):
+        """The mpirun command line and the variables it exports to the ranks
+        (`sweep`: the program's sweep flags, default the run's)."""
         env = {"TORUS_LOG_LEVEL": "warn", "OMP_NUM_THREADS": "1"}
         if backend in ("ofi", "mpi"):
             prog = [str(self.bench / "torus-bench-comm"), "--backend", backend]
@@ -159,14 +162,16 @@ class Runner:
         exports = []
         for k in env:
             exports += ["-x", k]  # by name: values (the token) stay off the command line
-        return self.mpirun_base(n) + exports + prog + self.sweep_args() + ["--json", str(json_path)], env
+        return (self.mpirun_base(n) + exports + prog + (sweep or self.sweep_args()) + ["--json", str(json_path)],
+                env)
 
-    def run_one(self, backend, n, index, total):
-        json_path = self.logs / f"{backend}-{n}.json"
-        log_path = self.logs / f"{backend}-{n}.log"
+    def run_one(self, backend, n, index, total, sweep=None, tag=""):
+        json_path = self.logs / f"{backend}-{n}{tag}.json"
+        log_path = self.logs / f"{backend}-{n}{tag}.log"
         json_path.unlink(missing_ok=True)
-        cmd, env = self.command(backend, n, json_path)
-        print(f"[{index}/{total}] {LABEL[backend]}, {n} ranks ... ", end="", flush=True)
+        cmd, env = self.command(backend, n, json_path, sweep)
+        print(f"[{index}/{total}] {LABEL[backend]}, {n} ranks{tag and ' (' + tag.strip('-') + ')'} ... ", end="",
+              flush=True)
         t0 = time.monotonic()
         with open(log_path, "w") as log:
             log.write("$ " + " ".join(cmd) + "\n")
@@ -189,7 +194,7 @@ class Runner:
             print(f"{len(records)} records, #wrong {wrong}, {took:.0f} s", flush=True)
         return records
 
-    def probe(self):
+    def probe(self, quiet=False):
         exe = self.bench / "torus-bench-membw"
         if not exe.exists():
             self.skipped["memcpy probe"] = f"{exe} not built (target torus_bench_membw)"
@@ -199,10 +204,39 @@ class Runner:
         if r.returncode != 0:
             self.skipped["memcpy probe"] = r.stderr.strip()
             return None
-        print(f"probe: {r.stdout.strip()}", flush=True)
+        if not quiet:
+            print(f"probe: {r.stdout.strip()}", flush=True)
         return json.loads(path.read_text())[0]
 
-    def probe_pair(self):
+    def goal_rounds(self, backends, rounds):
+        """Note [Goal rounds]: the goal rows measured again in `rounds`
+        interleaved rounds. This machine's speed drifts within minutes (how
+        far apart its two cores are, how much memory bandwidth each gets), so
+        backends measured minutes apart in the sweep may have run on a
+        different machine, in effect. Each round runs both memcpy probes and
+        then every backend's 2-rank all_reduce of 8 B and 64 MiB back to back,
+        starting with a different backend each round; the goal rows report
+        the median over rounds and in how many rounds a goal held within
+        the round. Returns records tagged with their round."""
+        out = []
+        sweep = ["--sizes", f"8,{64 * MiB}", "--ops", "all_reduce", "--iters", "200", "--warmup", "20",
+                 "--iter-budget", str(1 << 30), "--no-probe"]
+        for k in range(1, rounds + 1):
+            probe = self.probe(quiet=True)
+            pair = self.probe_pair(quiet=True)
+            print(f"goal round {k}/{rounds}: memcpy {probe['gbps'] if probe else float('nan'):.2f} GB/s, "
+                  f"two at once {pair or float('nan'):.2f} GB/s each", flush=True)
+            if probe:
+                out.append({"goal_round": k, "probe": "memcpy", "gbps": probe["gbps"]})
+            if pair:
+                out.append({"goal_round": k, "probe": "memcpy", "concurrent": 2, "gbps": pair})
+            order = backends[(k - 1) % len(backends):] + backends[:(k - 1) % len(backends)]
+            for i, b in enumerate(order, 1):
+                for r in self.run_one(b, 2, i, len(order), sweep, tag=f"-goal{k}"):
+                    out.append({**r, "goal_round": k})
+        return out
+
+    def probe_pair(self, quiet=False):
         """Two memcpy probes at once, one per core: the copy rate each gets when
         two ranks stream through memory together, as in a 2-rank all_reduce
         (each rank reads its input and writes its output at least once). The
@@ -216,7 +250,8 @@ class Runner:
         if any(p.wait() != 0 for p in procs):
             return None
         gbps = min(json.loads(p.read_text())[0]["gbps"] for p in paths)
-        print(f"probe: two memcpys at once, the slower: {gbps:.2f} GB/s per core", flush=True)
+        if not quiet:
+            print(f"probe: two memcpys at once, the slower: {gbps:.2f} GB/s per core", flush=True)
         return gbps
 
 
@@ -267,7 +302,7 @@ def goal_table(records, probe_gbps, pair_gbps=None):
     """The goal rows of the ofi issue with their ratios, both placements; and
     the 64 MiB busbw against the two-copies-at-once probe, the rate DRAM gives
     each of two ranks streaming together (the limit of a 2-rank all_reduce)."""
-    lines = ["\n## Goal rows (2 ranks, f32 all_reduce)"]
+    lines = ["\n## Goal rows from the sweep (2 ranks, f32 all_reduce)"]
     head = (f"{'row':<34}{'torus ofi':>11}{'torus mpi':>11}{'Open MPI':>11}{'gloo':>11}{'memcpy':>9}"
             f"{'ofi/OMPI':>10}{'ofi/tmpi':>10}{'ofi/gloo':>10}{'ofi/memcpy':>11}")
     lines += [head, "-" * len(head)]
@@ -302,6 +337,74 @@ def goal_table(records, probe_gbps, pair_gbps=None):
             if r:
                 lines.append(f"  torus ofi 64 MiB busbw ({'in place' if in_place else 'out of place'}): "
                              f"{r['busbw_gbps'] / pair_gbps:.2f}x that limit")
+    return lines
+
+
+def median(v):
+    v = sorted(x for x in v if x is not None)
+    if not v:
+        return None
+    m = len(v) // 2
+    return v[m] if len(v) % 2 else (v[m - 1] + v[m]) / 2
+
+
+def goal_rounds_table(rounds_records, rounds):
+    """The goal rows from the interleaved rounds (Note [Goal rounds]):
+    medians over rounds, and how many rounds met each goal within the round."""
+    def value(k, b, nbytes, key, in_place):
+        for r in rounds_records:
+            if (r.get("goal_round") == k and r.get("backend") == b and r.get("op") == "all_reduce"
+                    and r.get("bytes") == nbytes and r.get("in_place") == (True if b == "gloo" else in_place)):
+                return r[key]
+        return None
+
+    def probe(k, concurrent):
+        for r in rounds_records:
+            if r.get("goal_round") == k and r.get("probe") == "memcpy" and (r.get("concurrent") == 2) == concurrent:
+                return r["gbps"]
+        return None
+
+    ks = range(1, rounds + 1)
+    lines = [f"\n## Goal rows, {rounds} interleaved rounds (2 ranks, f32 all_reduce; median over rounds, and the "
+             "rounds in which the goal held within the round)"]
+    single = [probe(k, False) for k in ks]
+    pair = [probe(k, True) for k in ks]
+    lines.append("memcpy probe per round, 1 core: " + ", ".join(f"{g:.2f}" if g else "-" for g in single) +
+                 " GB/s; two at once, each: " + ", ".join(f"{g:.2f}" if g else "-" for g in pair) + " GB/s")
+    head = (f"{'row':<34}{'torus ofi':>11}{'torus mpi':>11}{'Open MPI':>11}{'gloo':>11}"
+            f"{'ofi/OMPI':>10}{'ofi/gloo':>10}{'ofi/memcpy':>11}{'goal met':>10}")
+    lines += [head, "-" * len(head)]
+    fmt = (lambda v: f"{v:11.3f}" if v is not None else f"{'-':>11}")
+    for in_place in (False, True):
+        place = "in place" if in_place else "out of place"
+        for what, nbytes, key in (("busbw GB/s", 64 * MiB, "busbw_gbps"), ("latency us", 8, "time_us")):
+            per = {b: [value(k, b, nbytes, key, in_place) for k in ks] for b in BACKENDS}
+            med = {b: median(per[b]) for b in BACKENDS}
+            label = f"{human(nbytes)} {what} ({place})"
+            if key == "busbw_gbps":
+                met = sum(1 for i in range(rounds) if per["ofi"][i] and per["openmpi"][i] and per["gloo"][i]
+                          and single[i] and per["ofi"][i] >= 2 * per["openmpi"][i]
+                          and per["ofi"][i] >= 3 * per["gloo"][i] and per["ofi"][i] >= 0.5 * single[i])
+                rs = [ratio(med["ofi"], med["openmpi"]), ratio(med["ofi"], med["gloo"]),
+                      ratio(med["ofi"], median(single))]
+            else:
+                met = sum(1 for i in range(rounds) if per["ofi"][i] is not None and per["openmpi"][i] is not None
+                          and per["ofi"][i] <= per["openmpi"][i])
+                rs = [ratio(med["ofi"], med["openmpi"]), ratio(med["ofi"], med["gloo"]), "-"]
+            lines.append(f"{label:<34}" + "".join(fmt(med[b]) for b in BACKENDS) +
+                         f"{rs[0]:>10}{rs[1]:>10}{rs[2]:>11}{f'{met}/{rounds}':>10}")
+        for what, nbytes, key in (("busbw", 64 * MiB, "busbw_gbps"), ("latency", 8, "time_us")):
+            per_round = []
+            for k in ks:
+                o, m = value(k, "ofi", nbytes, key, in_place), value(k, "openmpi", nbytes, key, in_place)
+                per_round.append(ratio(o, m))
+            lines.append(f"  ofi/OMPI {what} ({place}) per round: " + ", ".join(per_round))
+        per_round = [ratio(value(k, "ofi", 64 * MiB, "busbw_gbps", in_place), single[k - 1]) for k in ks]
+        lines.append(f"  ofi busbw / 1-core memcpy ({place}) per round: " + ", ".join(per_round))
+        per_round = [ratio(value(k, "ofi", 64 * MiB, "busbw_gbps", in_place), pair[k - 1]) for k in ks]
+        lines.append(f"  ofi busbw / two-at-once memcpy, the DRAM limit ({place}) per round: " + ", ".join(per_round))
+    lines.append("Goals met in a round: busbw ofi >= 2x Open MPI, >= 3x gloo and >= 0.5x that round's 1-core "
+                 "memcpy probe; latency ofi <= Open MPI.")
     return lines
 
 
@@ -353,6 +456,8 @@ def main():
     ap.add_argument("--warmup", type=int)
     ap.add_argument("--iter-budget", help="bytes of traffic per size and placement (e.g. 1G)")
     ap.add_argument("--timeout", type=int, help="seconds per mpirun (default 1200, --quick 600)")
+    ap.add_argument("--goal-rounds", type=int, default=5,
+                    help="interleaved rounds of the 2-rank goal rows after the sweep (Note [Goal rounds]; 0: none)")
     ap.add_argument("--mpirun", default="mpirun")
     ap.add_argument("--mpirun-args", default="--oversubscribe --bind-to none --mca btl self,vader,tcp "
                     "--mca btl_tcp_if_include lo --mca oob_tcp_if_include lo",
@@ -397,6 +502,9 @@ def main():
     jobs = [(b, n) for n in a.ranks for b in backends]
     for i, (b, n) in enumerate(jobs, 1):
         records += runner.run_one(b, n, i, len(jobs))
+    goal_records = []
+    if a.goal_rounds > 0 and 2 in a.ranks and "all_reduce" in a.ops and backends:
+        goal_records = runner.goal_rounds(backends, a.goal_rounds)
 
     out = Path(a.out_dir)
     probe_gbps = probe["gbps"] if probe else None
@@ -404,6 +512,7 @@ def main():
                      if probe else [])
     if pair_gbps:
         doc.append({"probe": "memcpy", "concurrent": 2, "gbps": pair_gbps})
+    doc += goal_records
     (out / "collectives.json").write_text(json.dumps(doc, indent=1) + "\n")
 
     cpus, load_end = os.cpu_count() or 1, os.getloadavg()[0]
@@ -422,7 +531,9 @@ def main():
     lines += side_by_side(records, ran, a.ranks, a.ops)
     if 2 in a.ranks and "all_reduce" in a.ops:
         lines += goal_table(records, probe_gbps, pair_gbps)
-    total_wrong = sum(r["wrong"] for r in records if r.get("wrong", -1) > 0)
+    if goal_records:
+        lines += goal_rounds_table(goal_records, a.goal_rounds)
+    total_wrong = sum(r["wrong"] for r in records + goal_records if r.get("wrong", -1) > 0)
     lines.append(f"\n#wrong over all runs: {total_wrong}{' OK' if total_wrong == 0 else ' FAILED'}; "
                  f"{len(records)} records; {time.monotonic() - t_start:.0f} s")
     lines.append(plot(records, ran, a.ranks, a.ops, probe_gbps, out / "collectives.png"))
