@@ -323,6 +323,9 @@ struct EngineOptions {
   // without it, and the whole data-parallel step cost 7% of the no-sync
   // step; with 1 ms, about 2.5%. Ops issued back to back never let it sleep.
   std::chrono::milliseconds idle_to_sleep{1};
+  // Polls without progress before a waiting thread starts yielding its core:
+  // few when the host's ranks outnumber its cores (spin.h).
+  int spin_polls = 64;
 };
 
 class Engine : public std::enable_shared_from_this<Engine> {
@@ -367,6 +370,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // sets it, and the op's other shared references, only if it hands the op
   // over).
   bool run_inline(Op& op, const GroupState& group, std::chrono::nanoseconds spin);
+  const EngineOptions& options() const { return options_; }
 
   // Drives progress until `work` completes or `until` passes (Note [Who
   // drives]). Returns whether it completed.

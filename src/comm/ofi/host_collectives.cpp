@@ -233,8 +233,8 @@ void combine_slots(HostGroup* h, uint64_t r, const void* in, void* out, size_t c
 // Spins (spin.h) until ready() holds or `spin` has passed, or the segment
 // is aborted; returns whether ready() held.
 template <typename Ready>
-bool spin_until(const HostSegment& s, std::chrono::nanoseconds spin, Ready ready) {
-  return spin_politely(spin, ready, [&s] { return s.is_aborted(); });
+bool spin_until(const HostGroup* h, std::chrono::nanoseconds spin, Ready ready) {
+  return spin_politely(spin, ready, [h] { return h->seg->is_aborted(); }, h->spin_pauses);
 }
 
 }  // namespace
@@ -267,7 +267,7 @@ InlineOutcome host_all_reduce_inline(HostGroup* h, const void* in, void* out, si
     }
     return true;
   };
-  if (!spin_until(s, spin, slots_free)) return InlineOutcome::kNotStarted;
+  if (!spin_until(h, spin, slots_free)) return InlineOutcome::kNotStarted;
   h->round = r;
   if (mailbox) {
     publish_mailbox(h, r, in, bytes);
@@ -289,7 +289,7 @@ InlineOutcome host_all_reduce_inline(HostGroup* h, const void* in, void* out, si
     }
     return true;
   };
-  if (!spin_until(s, spin, all_in)) return InlineOutcome::kPublished;
+  if (!spin_until(h, spin, all_in)) return InlineOutcome::kPublished;
   note_all_consumed(h, r);
   if (mailbox) {
     combine_mailboxes(h, r, in, out, count, t, op, divisor);

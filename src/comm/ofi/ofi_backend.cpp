@@ -3,6 +3,7 @@
 // host_collectives.cpp; progress in engine.cpp.
 #include "comm/ofi/ofi_backend.h"
 
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include <random>
 
 #include "comm/ofi/ofi_group.h"
+#include "comm/ofi/spin.h"
 #include "core/log.h"
 #include "kernels/cpu/reduce.h"
 #include "torus/core/params.h"
@@ -289,6 +291,16 @@ class OfiBackend final : public Backend {
   int splits_ = 0;
 };
 
+// CPUs this process may run on; a process bound to one CPU is taken to be
+// one of several bound ranks, each on its own: then the CPUs online.
+int usable_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  int n = ::sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 0;
+  if (n <= 1) n = static_cast<int>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN)));
+  return n;
+}
+
 std::string encode_ints(std::initializer_list<int64_t> v) { return fmt::format("{}", fmt::join(v, ",")); }
 
 std::vector<int64_t> decode_ints(const std::string& s) {
@@ -415,6 +427,7 @@ std::shared_ptr<Topology> make_topology(const World& w, uint32_t context, const 
     t->segment = std::make_unique<HostSegment>(cfg, *w.store);
     t->host.seg = t->segment.get();
     t->host.nt_bytes = w.options.shm_nt_bytes;
+    t->host.spin_pauses = w.oversubscribed ? kOversubscribedPauses : kSpinPauses;
     for (auto& seen : t->host.seen) seen.assign(static_cast<size_t>(t->local_size), 0);
   }
   return t;
@@ -492,8 +505,18 @@ BackendPtr create_world_backend(const BackendInit& init, const OfiOptions& given
     packed.insert(packed.end(), b.begin() + static_cast<long>(kHeader), b.end());
   }
   world->addr = fabric->insert_addresses(packed, static_cast<size_t>(size));
+  const int local_ranks = static_cast<int>(std::count(hosts.host_of_rank.begin(), hosts.host_of_rank.end(),
+                                                      hosts.host_of_rank[static_cast<size_t>(rank)]));
+  const int cpus = usable_cpus();
+  world->oversubscribed = given.oversubscribed >= 0 ? given.oversubscribed == 1 : local_ranks > cpus;
+  if (rank == 0 && world->oversubscribed) {
+    TORUS_LOG_INFO("ofi: {} ranks on this host and {} CPUs: waits yield their core almost at once", local_ranks,
+                   cpus);
+  }
+  EngineOptions eo;
+  if (world->oversubscribed) eo.spin_polls = static_cast<int>(kOversubscribedPauses);
   world->engine = std::make_shared<Engine>(std::move(fabric), rank, std::move(local_pids), std::move(mark_fds),
-                                           std::move(mark));
+                                           std::move(mark), eo);
 
   GroupInfo gi;
   gi.name = "world";

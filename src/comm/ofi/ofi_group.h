@@ -41,6 +41,7 @@ struct World {
   std::vector<int> host_of;     // host index by world rank
   std::string nonce;            // unique to this world: names its shm objects
   std::chrono::milliseconds timeout{0};
+  bool oversubscribed = false;  // this host runs more ranks than it has cores (OfiOptions::oversubscribed)
 };
 
 struct Topology {

@@ -29,6 +29,7 @@ OfiOptions OfiOptions::from_env() {
   o.shm_nt_bytes = env_bytes("TORUS_OFI_SHM_NT_BYTES", o.shm_nt_bytes, 0);
   o.inline_spin_us = env_bytes("TORUS_OFI_INLINE_SPIN_US", o.inline_spin_us, 0);
   o.inline_max_bytes = env_bytes("TORUS_OFI_INLINE_MAX_BYTES", o.inline_max_bytes, 0);
+  if (auto v = env_bool("TORUS_OFI_OVERSUBSCRIBED")) o.oversubscribed = *v ? 1 : 0;
   o.rd_max_bytes = env_bytes("TORUS_OFI_RD_MAX_BYTES", o.rd_max_bytes, 0);
   o.tree_max_bytes = env_bytes("TORUS_OFI_TREE_MAX_BYTES", o.tree_max_bytes, 0);
   o.chunk_bytes = env_bytes("TORUS_OFI_CHUNK_BYTES", o.chunk_bytes, 64);

@@ -36,6 +36,11 @@ struct OfiOptions {
   // rank also start in the caller's thread, under the same spin, and the
   // engine finishes what the spin did not (Note [Inline ops] in engine.h).
   size_t inline_max_bytes = size_t{64} << 10;  // TORUS_OFI_INLINE_MAX_BYTES
+  // Whether this host runs more ranks than it has cores, so that a waiting
+  // rank should give its core up almost at once (its peer may need it)
+  // rather than spin for a few microseconds first. -1: decide from the host
+  // map and the CPUs this process may run on.
+  int oversubscribed = -1;                     // TORUS_OFI_OVERSUBSCRIBED (0 or 1)
   // Ops moving at least this many bytes write their results to user memory
   // with non-temporal stores (they would only evict the caches).
   size_t shm_nt_bytes = size_t{4} << 20;       // TORUS_OFI_SHM_NT_BYTES

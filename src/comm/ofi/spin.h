@@ -13,9 +13,14 @@ namespace torus::comm::ofi {
 // pause the core, with no clock read: most waits of a peer in step end
 // there. After them it yields between tries, because ranks may outnumber
 // cores and the peer it waits for may need this core to get there.
+// `pauses`: the tries before the first yield (kSpinPauses, or few when the
+// host's ranks outnumber its cores: the peer then often needs this core).
+inline constexpr unsigned kSpinPauses = 128;
+inline constexpr unsigned kOversubscribedPauses = 4;
+
 template <typename Done, typename Stop>
-bool spin_politely(std::chrono::nanoseconds budget, Done done, Stop stop) {
-  constexpr unsigned kPauses = 128;
+bool spin_politely(std::chrono::nanoseconds budget, Done done, Stop stop, unsigned pauses = kSpinPauses) {
+  const unsigned kPauses = pauses;
   std::chrono::steady_clock::time_point until{};
   for (unsigned i = 0;; ++i) {
     if (done()) return true;
