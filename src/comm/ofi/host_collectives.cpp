@@ -191,15 +191,18 @@ const char* own_source(const HostGroup* h, const void* in, const void* out, cons
   return in != out || h->local_rank() < 2 ? static_cast<const char*>(in) : published;
 }
 
-// Every mailbox of round r is in: out = their reduction in rank order (the
-// same bits on every rank); then this rank is done with round r.
+// Every mailbox of round r is in: out = the reduction, in rank order (the
+// same bits on every rank), of the `count` elements at byte `offset` of
+// each (this rank's own from `in`); then this rank is done with round r.
 void combine_mailboxes(HostGroup* h, uint64_t r, const void* in, void* out, size_t count, DType t, ReduceOp op,
-                       int64_t divisor) {
+                       int64_t divisor, size_t offset = 0) {
   const HostSegment& s = *h->seg;
   const int L = s.local_size(), me = s.local_rank();
   std::vector<const char*>& srcs = h->srcs;
   srcs.resize(static_cast<size_t>(L));
-  for (int q = 0; q < L; ++q) srcs[static_cast<size_t>(q)] = s.control(q).mailbox[r % SegmentControl::kMailboxes].data;
+  for (int q = 0; q < L; ++q) {
+    srcs[static_cast<size_t>(q)] = s.control(q).mailbox[r % SegmentControl::kMailboxes].data + offset;
+  }
   srcs[static_cast<size_t>(me)] = own_source(h, in, out, srcs[static_cast<size_t>(me)]);
   float acc[SegmentMailbox::kBytes / 2];
   combine(static_cast<char*>(out), srcs, count, t, op, divisor, acc);
@@ -447,13 +450,7 @@ Task host_reduce_scatter(OpCtx& c, HostGroup* h, const void* in, void* out, size
     publish_mailbox(h, r, in, L * block);
     co_await wait_mailboxes(c, h, r);
     note_all_consumed(h, r);
-    std::vector<const char*>& srcs = h->srcs;
-    srcs.resize(L);
-    for (size_t q = 0; q < L; ++q) srcs[q] = s.control(static_cast<int>(q)).mailbox[r % SegmentControl::kMailboxes].data + me * block;
-    srcs[me] = own_source(h, static_cast<const char*>(in) + me * block, out, srcs[me]);
-    float acc[SegmentMailbox::kBytes / 2];
-    combine(static_cast<char*>(out), srcs, count, t, op, divisor, acc);
-    signal(h, Counter::kConsumed, r);
+    combine_mailboxes(h, r, static_cast<const char*>(in) + me * block, out, count, t, op, divisor, me * block);
     co_return;
   }
   HostPass a;
@@ -503,21 +500,17 @@ Task host_reduce(OpCtx& c, HostGroup* h, const void* in, void* out, size_t count
     // One mailbox round; only the root waits (the others may run ahead:
     // wait_mailbox_free keeps them from overwriting what it has not read).
     const HostSegment& s = *h->seg;
-    const int L = s.local_size(), me = s.local_rank();
+    const int me = s.local_rank();
     const uint64_t r = ++h->round;
     co_await wait_mailbox_free(c, h, r);
     publish_mailbox(h, r, in, count * e);
     if (me == root) {
       co_await wait_mailboxes(c, h, r);
       note_all_consumed(h, r);
-      std::vector<const char*>& srcs = h->srcs;
-      srcs.resize(static_cast<size_t>(L));
-      for (int q = 0; q < L; ++q) srcs[static_cast<size_t>(q)] = s.control(q).mailbox[r % SegmentControl::kMailboxes].data;
-      srcs[static_cast<size_t>(me)] = own_source(h, in, out, srcs[static_cast<size_t>(me)]);
-      float acc[SegmentMailbox::kBytes / 2];
-      combine(static_cast<char*>(out), srcs, count, t, op, divisor, acc);
+      combine_mailboxes(h, r, in, out, count, t, op, divisor);
+    } else {
+      signal(h, Counter::kConsumed, r);
     }
-    signal(h, Counter::kConsumed, r);
     co_return;
   }
   algo::Partition p = algo::balanced(count, h->local_size());
