@@ -1,7 +1,8 @@
 // The ofi backend over injected topologies: every collective, checked
 // against closed forms, on one host (host segment; flat provider algorithms
 // over shm and tcp with small pipeline chunks) and on several fake hosts
-// (hierarchical compositions, uneven hosts, interleaved ranks). The
+// (hierarchical compositions, uneven hosts, interleaved ranks), and the
+// segment's non-temporal output path on odd sizes. The
 // conformance suite (tests/backend) covers the full dtype/op matrix on one
 // host; this file covers the paths it cannot reach.
 #include <gtest/gtest.h>
@@ -19,6 +20,7 @@ struct Layout {
   size_t chunk_bytes;    // provider pipeline chunk
   size_t shm_chunk;      // segment stripe
   size_t rd_max = 1024;  // small messages through recursive doubling, large ones through the ring
+  size_t shm_nt = size_t{16} << 20;  // segment ops this large write with non-temporal stores
 };
 
 class Topologies : public testing::TestWithParam<Layout> {};
@@ -32,6 +34,7 @@ TEST_P(Topologies, EveryCollectiveIsCorrect) {
   spec.options.chunk_bytes = l.chunk_bytes;
   spec.options.shm_chunk_bytes = l.shm_chunk;
   spec.options.rd_max_bytes = l.rd_max;
+  spec.options.shm_nt_bytes = l.shm_nt;
   spec.options.tree_max_bytes = 1024;  // trees for small broadcasts/reduces, chains and rings above
   expect_all_ok(run_job(spec, check_everything));
 }
@@ -39,6 +42,8 @@ TEST_P(Topologies, EveryCollectiveIsCorrect) {
 INSTANTIATE_TEST_SUITE_P(
     Ofi, Topologies,
     testing::Values(Layout{"one_host_segment_3", {0, 0, 0}, "shm", true, 64 << 10, 4096},
+                    // Non-temporal stores from 4 KiB on: odd sizes, unaligned heads and tails.
+                    Layout{"one_host_segment_nt_3", {0, 0, 0}, "shm", true, 64 << 10, 4096, 1024, 4096},
                     Layout{"one_host_shm_flat_3", {0, 0, 0}, "shm", false, 8192, 4096},
                     Layout{"one_host_tcp_flat_4", {0, 0, 0, 0}, "tcp", false, 16384, 4096},
                     Layout{"one_host_tcp_rd_5", {0, 0, 0, 0, 0}, "tcp", false, 16384, 4096, size_t{1} << 20},

@@ -44,7 +44,7 @@ struct HostGroup {
   // The peers' counters as last read (they only grow): a wait already
   // satisfied by them needs no cache-line transfer. [kind][local rank]
   std::vector<uint64_t> seen[3];
-  size_t nt_bytes = size_t{4} << 20;  // ops this large write results with non-temporal stores
+  size_t nt_bytes = size_t{16} << 20;  // ops this large write results with non-temporal stores
   unsigned spin_pauses = 128;          // inline waits: pauses before the first yield (spin.h)
   std::vector<const char*> srcs;       // scratch: the sources of one combine
   std::vector<float> acc;              // scratch: f32 accumulator of an inline half combine
