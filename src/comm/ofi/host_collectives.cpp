@@ -151,6 +151,12 @@ auto wait_mailbox_free(OpCtx& c, HostGroup* h, uint64_t r) {
   return wait_for(c, h, Counter::kConsumed, mailbox_free_after(r));
 }
 
+// The most data of a one-round op through the in-slots: the eager size,
+// and what one rank's in-slot holds.
+size_t eager_limit(const HostGroup* h) {
+  return std::min(h->eager_bytes, static_cast<size_t>(h->local_size()) * h->seg->stripe_bytes());
+}
+
 // Slots of round r may be rewritten once every peer consumed round r - D.
 auto wait_slots_free(OpCtx& c, HostGroup* h, uint64_t r) {
   uint64_t need = r > static_cast<uint64_t>(h->seg->depth()) ? r - static_cast<uint64_t>(h->seg->depth()) : 0;
@@ -209,16 +215,17 @@ void combine_mailboxes(HostGroup* h, uint64_t r, const void* in, void* out, size
   signal(h, Counter::kConsumed, r);
 }
 
-// Every in-slot of round r is full: out = their reduction in rank order;
-// then this rank is done with round r. Halves accumulate in the op's
+// Every in-slot of round r is full: out = the reduction, in rank order, of
+// the `count` elements at byte `offset` of each (this rank's own from
+// `in`); then this rank is done with round r. Halves accumulate in the op's
 // scratch, or in the group's when there is no op (`c` null: inline).
 void combine_slots(HostGroup* h, uint64_t r, const void* in, void* out, size_t count, DType t, ReduceOp op,
-                   int64_t divisor, OpCtx* c) {
+                   int64_t divisor, OpCtx* c, size_t offset = 0) {
   const HostSegment& s = *h->seg;
   const int L = s.local_size(), me = s.local_rank();
   std::vector<const char*>& srcs = h->srcs;
   srcs.resize(static_cast<size_t>(L));
-  for (int q = 0; q < L; ++q) srcs[static_cast<size_t>(q)] = s.in_slot(q, r);
+  for (int q = 0; q < L; ++q) srcs[static_cast<size_t>(q)] = s.in_slot(q, r) + offset;
   srcs[static_cast<size_t>(me)] = own_source(h, in, out, srcs[static_cast<size_t>(me)]);
   float* acc = nullptr;
   if (is_half(t)) {
@@ -453,6 +460,19 @@ Task host_reduce_scatter(OpCtx& c, HostGroup* h, const void* in, void* out, size
     combine_mailboxes(h, r, static_cast<const char*>(in) + me * block, out, count, t, op, divisor, me * block);
     co_return;
   }
+  if (const size_t block = count * dtype_size(t); L * block <= eager_limit(h) && count > 0) {
+    // One round through the in-slots, as the eager all_reduce.
+    const HostSegment& s = *h->seg;
+    const size_t me = static_cast<size_t>(s.local_rank());
+    const uint64_t r = ++h->round;
+    co_await wait_slots_free(c, h, r);
+    std::memcpy(s.in_slot(static_cast<int>(me), r), in, L * block);
+    signal(h, Counter::kCopied, r);
+    co_await wait_for(c, h, Counter::kCopied, r);
+    note_all_consumed(h, r);
+    combine_slots(h, r, static_cast<const char*>(in) + me * block, out, count, t, op, divisor, &c, me * block);
+    co_return;
+  }
   HostPass a;
   a.dtype = t;
   a.op = op;
@@ -478,6 +498,25 @@ Task host_all_gather(OpCtx& c, HostGroup* h, const void* in, void* out, size_t c
     char* o = static_cast<char*>(out);
     for (size_t q = 0; q < L; ++q) {
       if (q != me) std::memcpy(o + q * block, s.control(static_cast<int>(q)).mailbox[r % SegmentControl::kMailboxes].data, block);
+    }
+    copy_bytes(o + me * block, in, block);
+    signal(h, Counter::kConsumed, r);
+    co_return;
+  }
+  if (const size_t block = count * elt; L * block <= eager_limit(h) && count > 0) {
+    // One round through the in-slots: every rank stages its block, all copy
+    // all of them out.
+    const HostSegment& s = *h->seg;
+    const size_t me = static_cast<size_t>(s.local_rank());
+    const uint64_t r = ++h->round;
+    co_await wait_slots_free(c, h, r);
+    std::memcpy(s.in_slot(static_cast<int>(me), r), in, block);
+    signal(h, Counter::kCopied, r);
+    co_await wait_for(c, h, Counter::kCopied, r);
+    note_all_consumed(h, r);
+    char* o = static_cast<char*>(out);
+    for (size_t q = 0; q < L; ++q) {
+      if (q != me) std::memcpy(o + q * block, s.in_slot(static_cast<int>(q), r), block);
     }
     copy_bytes(o + me * block, in, block);
     signal(h, Counter::kConsumed, r);

@@ -46,6 +46,7 @@ struct HostGroup {
   std::vector<uint64_t> seen[3];
   size_t nt_bytes = size_t{16} << 20;  // ops this large write results with non-temporal stores
   unsigned spin_pauses = 128;          // inline waits: pauses before the first yield (spin.h)
+  size_t eager_bytes = 16 << 10;       // one-round ops through the in-slots up to this (OfiOptions)
   std::vector<const char*> srcs;       // scratch: the sources of one combine
   std::vector<float> acc;              // scratch: f32 accumulator of an inline half combine
   Clock::time_point next_liveness_check{};
