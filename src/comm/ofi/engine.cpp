@@ -19,6 +19,7 @@ namespace {
 
 constexpr auto kLivenessPeriod = std::chrono::milliseconds(100);
 
+constexpr int kSpinPolls = 64;
 // Spins briefly (`spin_polls` tries), then yields, then naps: cheap when a
 // result is imminent, polite when it is not (ranks may outnumber cores).
 void backoff(int idle, int spin_polls) {
@@ -237,7 +238,7 @@ bool Engine::run_inline(Op& op, const GroupState& group, std::chrono::nanosecond
   };
   bool finished = false;
   try {
-    const unsigned pauses = options_.spin_polls < 64 ? kOversubscribedPauses : kSpinPauses;
+    const unsigned pauses = options_.oversubscribed ? kOversubscribedPauses : kSpinPauses;
     finished = spin_politely(spin, advance, [&group] { return group.broken(); }, pauses);
   } catch (...) {
     return false;  // a wait condition threw (the segment broke): the engine asks again and fails the op
@@ -268,7 +269,7 @@ bool Engine::drive_until(const OfiWork& work, Clock::time_point until) {
       if (!completions.empty()) complete(completions);
     }
     idle = progressed ? 0 : idle + 1;
-    if (!progressed) backoff(idle, options_.spin_polls);
+    if (!progressed) backoff(idle, options_.oversubscribed ? static_cast<int>(kOversubscribedPauses) : kSpinPolls);
   }
   if (waiters_.fetch_sub(1, std::memory_order_acq_rel) == 1 && outstanding_.load(std::memory_order_relaxed) > 0) {
     std::lock_guard<std::mutex> lock(state_mu_);  // no lost wake-up against the engine thread's check
@@ -319,7 +320,7 @@ void Engine::thread_main() {
       if (!completions.empty()) complete(completions);
     }
     idle = progressed ? 0 : idle + 1;
-    if (!progressed) backoff(idle, options_.spin_polls);
+    if (!progressed) backoff(idle, options_.oversubscribed ? static_cast<int>(kOversubscribedPauses) : kSpinPolls);
   }
 }
 

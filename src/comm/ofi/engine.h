@@ -323,9 +323,9 @@ struct EngineOptions {
   // without it, and the whole data-parallel step cost 7% of the no-sync
   // step; with 1 ms, about 2.5%. Ops issued back to back never let it sleep.
   std::chrono::milliseconds idle_to_sleep{1};
-  // Polls without progress before a waiting thread starts yielding its core:
-  // few when the host's ranks outnumber its cores (spin.h).
-  int spin_polls = 64;
+  // The host runs more ranks than cores: waits yield their core after a few
+  // tries (spin.h) instead of spinning first.
+  bool oversubscribed = false;
 };
 
 class Engine : public std::enable_shared_from_this<Engine> {

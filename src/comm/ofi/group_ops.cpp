@@ -53,7 +53,7 @@ Task group_all_reduce(OpCtx& c, Topology* t, const void* in, void* out_v, size_t
     co_return;
   }
   if (local_only(t)) {
-    co_await host_all_reduce(c, &t->host, in, out, count, dt, op, divisor, t->eager_bytes);
+    co_await host_all_reduce(c, &t->host, in, out, count, dt, op, divisor);
     co_return;
   }
   const int L = t->local_size, me = t->local_rank;

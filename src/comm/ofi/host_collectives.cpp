@@ -35,7 +35,6 @@ namespace {
 
 enum class Counter { kCopied, kReduced, kConsumed };
 
-
 constexpr const char* counter_name(Counter k) {
   return k == Counter::kCopied ? "copied" : k == Counter::kReduced ? "reduced" : "consumed";
 }
@@ -115,7 +114,7 @@ auto wait_mailboxes(OpCtx& c, HostGroup* h, uint64_t round, int only = -1) {
     const HostSegment& s = *h->seg;
     for (int q = 0; q < s.local_size(); ++q) {
       if (q == s.local_rank() || (only >= 0 && q != only)) continue;
-      if (s.control(q).mailbox[round % SegmentControl::kMailboxes].round.load(std::memory_order_acquire) < round) {
+      if (s.mailbox(q, round).round.load(std::memory_order_acquire) < round) {
         check_health(c, h, spins);
         return false;
       }
@@ -126,7 +125,7 @@ auto wait_mailboxes(OpCtx& c, HostGroup* h, uint64_t round, int only = -1) {
     const HostSegment& s = *h->seg;
     std::vector<std::string> lag;
     for (int q = 0; q < s.local_size(); ++q) {
-      uint64_t v = s.control(q).mailbox[round % SegmentControl::kMailboxes].round.load(std::memory_order_acquire);
+      uint64_t v = s.mailbox(q, round).round.load(std::memory_order_acquire);
       if (q != s.local_rank() && (only < 0 || q == only) && v < round) {
         lag.push_back(fmt::format("world rank {} (mailbox round {} < {})", s.control(q).world_rank, v, round));
       }
@@ -181,7 +180,7 @@ void combine(char* dst, std::span<const char* const> srcs, size_t n, DType t, Re
 }
 
 void publish_mailbox(HostGroup* h, uint64_t r, const void* in, size_t bytes) {
-  SegmentMailbox& mine = h->seg->control(h->local_rank()).mailbox[r % SegmentControl::kMailboxes];
+  SegmentMailbox& mine = h->seg->mailbox(h->local_rank(), r);
   std::memcpy(mine.data, in, bytes);
   mine.round.store(r, std::memory_order_release);
 }
@@ -207,7 +206,7 @@ void combine_mailboxes(HostGroup* h, uint64_t r, const void* in, void* out, size
   std::vector<const char*>& srcs = h->srcs;
   srcs.resize(static_cast<size_t>(L));
   for (int q = 0; q < L; ++q) {
-    srcs[static_cast<size_t>(q)] = s.control(q).mailbox[r % SegmentControl::kMailboxes].data + offset;
+    srcs[static_cast<size_t>(q)] = s.mailbox(q, r).data + offset;
   }
   srcs[static_cast<size_t>(me)] = own_source(h, in, out, srcs[static_cast<size_t>(me)]);
   float acc[SegmentMailbox::kBytes / 2];
@@ -249,18 +248,15 @@ bool spin_until(const HostGroup* h, std::chrono::nanoseconds spin, Ready ready) 
 
 }  // namespace
 
-size_t host_inline_max_bytes(const HostGroup* h, size_t eager_bytes) {
-  return std::max(SegmentMailbox::kBytes,
-                  std::min(eager_bytes, static_cast<size_t>(h->local_size()) * h->seg->stripe_bytes()));
-}
+size_t host_inline_max_bytes(const HostGroup* h) { return std::max(SegmentMailbox::kBytes, eager_limit(h)); }
 
 InlineOutcome host_all_reduce_inline(HostGroup* h, const void* in, void* out, size_t count, DType t, ReduceOp op,
-                                     int64_t divisor, size_t eager_bytes, std::chrono::nanoseconds spin) {
+                                     int64_t divisor, std::chrono::nanoseconds spin) {
   const HostSegment& s = *h->seg;
   const int L = s.local_size(), me = s.local_rank();
   const size_t bytes = count * dtype_size(t);
-  TORUS_CHECK(bytes <= host_inline_max_bytes(h, eager_bytes), InvalidArgument,
-              "inline all_reduce of {} bytes; at most {}", bytes, host_inline_max_bytes(h, eager_bytes));
+  TORUS_CHECK(bytes <= host_inline_max_bytes(h), InvalidArgument, "inline all_reduce of {} bytes; at most {}", bytes,
+              host_inline_max_bytes(h));
   if (s.is_aborted()) return InlineOutcome::kNotStarted;
   const bool mailbox = bytes <= SegmentMailbox::kBytes;
   const uint64_t r = h->round + 1;
@@ -290,7 +286,7 @@ InlineOutcome host_all_reduce_inline(HostGroup* h, const void* in, void* out, si
     for (int q = 0; q < L; ++q) {
       if (q == me) continue;
       if (mailbox) {
-        if (s.control(q).mailbox[r % SegmentControl::kMailboxes].round.load(std::memory_order_acquire) < r) return false;
+        if (s.mailbox(q, r).round.load(std::memory_order_acquire) < r) return false;
       } else {
         uint64_t& v = copied[static_cast<size_t>(q)];
         if (v < r) v = counter(s, q, Counter::kCopied).load(std::memory_order_acquire);
@@ -404,7 +400,7 @@ Task host_pass(OpCtx& c, HostGroup* h, HostPass a) {
 }
 
 Task host_all_reduce(OpCtx& c, HostGroup* h, const void* in_v, void* out_v, size_t count, DType t, ReduceOp op,
-                     int64_t divisor, size_t eager_bytes) {
+                     int64_t divisor) {
   const HostSegment& s = *h->seg;
   const int L = s.local_size(), me = s.local_rank();
   const size_t e = dtype_size(t), bytes = count * e;
@@ -419,7 +415,7 @@ Task host_all_reduce(OpCtx& c, HostGroup* h, const void* in_v, void* out_v, size
     combine_mailboxes(h, r, in, out, count, t, op, divisor);
     co_return;
   }
-  if (bytes <= std::min(eager_bytes, static_cast<size_t>(L) * s.stripe_bytes())) {
+  if (bytes <= eager_limit(h)) {
     const uint64_t r = ++h->round;
     co_await wait_slots_free(c, h, r);
     std::memcpy(s.in_slot(me, r), in, bytes);
@@ -497,7 +493,7 @@ Task host_all_gather(OpCtx& c, HostGroup* h, const void* in, void* out, size_t c
     note_all_consumed(h, r);
     char* o = static_cast<char*>(out);
     for (size_t q = 0; q < L; ++q) {
-      if (q != me) std::memcpy(o + q * block, s.control(static_cast<int>(q)).mailbox[r % SegmentControl::kMailboxes].data, block);
+      if (q != me) std::memcpy(o + q * block, s.mailbox(static_cast<int>(q), r).data, block);
     }
     copy_bytes(o + me * block, in, block);
     signal(h, Counter::kConsumed, r);
@@ -582,7 +578,7 @@ Task host_broadcast(OpCtx& c, HostGroup* h, void* buf_v, size_t bytes, int root)
     } else {
       co_await wait_mailboxes(c, h, r, root);
       note_consumed(h, root, r);
-      std::memcpy(buf, s.control(root).mailbox[r % SegmentControl::kMailboxes].data, bytes);
+      std::memcpy(buf, s.mailbox(root, r).data, bytes);
     }
     signal(h, Counter::kConsumed, r);
     co_return;
@@ -627,13 +623,11 @@ Task host_all_to_all(OpCtx& c, HostGroup* h, const void* in_v, void* out_v, std:
   {
     const uint64_t r = ++h->round;
     co_await wait_mailbox_free(c, h, r);
-    SegmentMailbox& mine = s.control(me).mailbox[r % SegmentControl::kMailboxes];
-    std::memcpy(mine.data, &most, sizeof(most));
-    mine.round.store(r, std::memory_order_release);
+    publish_mailbox(h, r, &most, sizeof(most));
     co_await wait_mailboxes(c, h, r);
     for (int q = 0; q < L; ++q) {
       uint64_t v;
-      std::memcpy(&v, s.control(q).mailbox[r % SegmentControl::kMailboxes].data, sizeof(v));
+      std::memcpy(&v, s.mailbox(q, r).data, sizeof(v));
       most = std::max(most, v);
     }
     signal(h, Counter::kConsumed, r);

@@ -79,7 +79,7 @@ struct HostPass {
 Task host_pass(OpCtx& c, HostGroup* h, HostPass pass);
 
 Task host_all_reduce(OpCtx& c, HostGroup* h, const void* in, void* out, size_t count, DType t, ReduceOp op,
-                     int64_t divisor, size_t eager_bytes);
+                     int64_t divisor);
 Task host_reduce_scatter(OpCtx& c, HostGroup* h, const void* in, void* out, size_t count, DType t, ReduceOp op,
                          int64_t divisor);
 Task host_all_gather(OpCtx& c, HostGroup* h, const void* in, void* out, size_t count, size_t elt);
@@ -112,9 +112,9 @@ enum class InlineOutcome {
 };
 // The largest all_reduce (bytes) that runs inline: the mailbox, or one
 // eager round through the in-slots (host_all_reduce's one-round paths).
-size_t host_inline_max_bytes(const HostGroup* h, size_t eager_bytes);
+size_t host_inline_max_bytes(const HostGroup* h);
 InlineOutcome host_all_reduce_inline(HostGroup* h, const void* in, void* out, size_t count, DType t, ReduceOp op,
-                                     int64_t divisor, size_t eager_bytes, std::chrono::nanoseconds spin);
+                                     int64_t divisor, std::chrono::nanoseconds spin);
 // The rest of an op host_all_reduce_inline left kPublished, in round `round`.
 Task host_all_reduce_finish(OpCtx& c, HostGroup* h, uint64_t round, const void* in, void* out, size_t count,
                             DType t, ReduceOp op, int64_t divisor);

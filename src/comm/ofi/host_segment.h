@@ -89,6 +89,10 @@ class HostSegment {
   int depth() const { return depth_; }
 
   SegmentControl& control(int local_rank) const;
+  // The mailbox of `local_rank` for `round` (a ring, SegmentControl::kMailboxes).
+  SegmentMailbox& mailbox(int local_rank, uint64_t round) const {
+    return control(local_rank).mailbox[round % SegmentControl::kMailboxes];
+  }
   // In-slot of `local_rank` for `round` (L * stripe_bytes bytes).
   char* in_slot(int local_rank, uint64_t round) const;
   // Out-slot of `local_rank` for `round` (stripe_bytes bytes).

@@ -43,7 +43,7 @@ class OfiBackend final : public Backend {
     };
     world_->engine->add_group(state_);
     if (inline_spin_.count() > 0 && topo_->segment && topo_->single_host()) {
-      mailbox_max_bytes_ = host_inline_max_bytes(&topo_->host, topo_->eager_bytes);
+      one_round_max_bytes_ = host_inline_max_bytes(&topo_->host);
       inline_max_bytes_ = world_->options.inline_max_bytes;
       inline_ops_ = true;
     }
@@ -59,7 +59,7 @@ class OfiBackend final : public Backend {
   WorkPtr all_reduce(const void* in, void* out, size_t count, DType dt, ReduceOp op, Duration timeout) override {
     check_buffers(in, out, count);
     check_bytes(count, dt, 1, "all_reduce");
-    if (count > 0 && count * dtype_size(dt) <= mailbox_max_bytes_ && timeout.count() > 0) {
+    if (count > 0 && count * dtype_size(dt) <= one_round_max_bytes_ && timeout.count() > 0) {
       if (WorkPtr w = inline_all_reduce(in, out, count, dt, op, timeout)) return w;
     }
     return issue(OpType::kAllReduce, dt, {static_cast<int64_t>(count)}, -1, timeout, true, count * dtype_size(dt),
@@ -72,7 +72,8 @@ class OfiBackend final : public Backend {
     check_buffers(in, out, count);
     check_bytes(count, dt, static_cast<size_t>(size()), "reduce_scatter");
     return issue(OpType::kReduceScatter, dt, {static_cast<int64_t>(count) * size(), static_cast<int64_t>(count)}, -1,
-                 timeout, true, count * dtype_size(dt) * static_cast<size_t>(size()), [=](OpCtx& c, Topology* t, uint64_t seq) {
+                 timeout, true, count * dtype_size(dt) * static_cast<size_t>(size()),
+                 [=](OpCtx& c, Topology* t, uint64_t seq) {
                    return group_reduce_scatter(c, t, in, out, count, dt, op, seq);
                  });
   }
@@ -81,7 +82,8 @@ class OfiBackend final : public Backend {
     check_buffers(in, out, count);
     check_bytes(count, dt, static_cast<size_t>(size()), "all_gather");
     return issue(OpType::kAllGather, dt, {static_cast<int64_t>(count), static_cast<int64_t>(count) * size()}, -1,
-                 timeout, true, count * dtype_size(dt) * static_cast<size_t>(size()), [=](OpCtx& c, Topology* t, uint64_t seq) {
+                 timeout, true, count * dtype_size(dt) * static_cast<size_t>(size()),
+                 [=](OpCtx& c, Topology* t, uint64_t seq) {
                    return group_all_gather(c, t, in, out, count, dt, seq);
                  });
   }
@@ -238,8 +240,7 @@ class OfiBackend final : public Backend {
     if (!may_run_inline()) return nullptr;
     HostGroup* h = &topo_->host;
     const int64_t divisor = op == ReduceOp::kAvg ? size() : 0;
-    const InlineOutcome got =
-        host_all_reduce_inline(h, in, out, count, dt, op, divisor, topo_->eager_bytes, inline_spin_);
+    const InlineOutcome got = host_all_reduce_inline(h, in, out, count, dt, op, divisor, inline_spin_);
     if (got == InlineOutcome::kNotStarted) return nullptr;
     WorkInfo wi = next_info(OpType::kAllReduce, dt, {static_cast<int64_t>(count)}, -1, true);
     if (got == InlineOutcome::kDone) {
@@ -280,7 +281,7 @@ class OfiBackend final : public Backend {
   std::mutex issue_mu_;
   std::shared_ptr<OfiWork> last_collective_;  // the last collective handed to the engine (issue_mu_)
   std::chrono::nanoseconds inline_spin_;
-  size_t mailbox_max_bytes_ = 0;  // all_reduce up to this runs as host_all_reduce_inline; 0: never
+  size_t one_round_max_bytes_ = 0;  // all_reduce up to this runs as host_all_reduce_inline; 0: never
   // Other collectives moving up to this many bytes per rank start in the
   // caller's thread (Engine::run_inline); unset (0 and never) when the
   // group is not all on one host's segment or the spin is 0.
@@ -363,7 +364,6 @@ std::shared_ptr<Topology> make_topology(const World& w, uint32_t context, const 
   t->rank = my_rank;
   t->size = n;
   t->tuning = w.tuning;
-  t->eager_bytes = w.options.shm_eager_bytes;
   auto view = [&](TagKind kind, const std::vector<int>& group_ranks, int me) {
     PeerView v;
     v.base = tag_base(context, kind);
@@ -515,7 +515,7 @@ BackendPtr create_world_backend(const BackendInit& init, const OfiOptions& given
                    cpus);
   }
   EngineOptions eo;
-  if (world->oversubscribed) eo.spin_polls = static_cast<int>(kOversubscribedPauses);
+  eo.oversubscribed = world->oversubscribed;
   world->engine = std::make_shared<Engine>(std::move(fabric), rank, std::move(local_pids), std::move(mark_fds),
                                            std::move(mark), eo);
 

@@ -58,7 +58,6 @@ struct Topology {
   std::unique_ptr<HostSegment> segment;   // when segment_on and local_size >= 2
   HostGroup host;                         // driver-only round state of `segment`
   algo::Tuning tuning;
-  size_t eager_bytes = 0;
   bool single_host() const { return hosts.size() == 1; }
 };
 
