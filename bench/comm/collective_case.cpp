@@ -10,6 +10,7 @@
 #include <new>
 
 #include "common/sweep.h"
+#include "torus/comm/shared_host.h"
 #include "torus/core/error.h"
 
 namespace torus::bench {
@@ -126,11 +127,16 @@ int64_t count_wrong(DType t, const std::byte* p, size_t count, const std::vector
 }  // namespace
 
 void CollectiveCase::FreeDeleter::operator()(void* p) const {
-  std::free(p);
+  if (shared) {
+    comm::shared_host_free(p);
+  } else {
+    std::free(p);
+  }
 }
 
-CollectiveCase::Buffer CollectiveCase::allocate(size_t bytes) {
+CollectiveCase::Buffer CollectiveCase::allocate(size_t bytes, bool shared) {
   if (bytes == 0) return Buffer(nullptr);
+  if (shared) return Buffer(static_cast<std::byte*>(comm::shared_host_alloc(bytes)), FreeDeleter{true});
   const size_t rounded = (bytes + 4095) / 4096 * 4096;
   void* p = std::aligned_alloc(4096, rounded);
   if (p == nullptr) throw std::bad_alloc();
@@ -138,7 +144,7 @@ CollectiveCase::Buffer CollectiveCase::allocate(size_t bytes) {
 }
 
 CollectiveCase::CollectiveCase(comm::Backend& backend, comm::OpType op, DType dtype, comm::ReduceOp redop, int root,
-                               size_t bytes, comm::Duration timeout)
+                               size_t bytes, comm::Duration timeout, bool shared)
     : backend_(backend),
       op_(op),
       dtype_(dtype),
@@ -171,8 +177,8 @@ CollectiveCase::CollectiveCase(comm::Backend& backend, comm::OpType op, DType dt
     default:
       throw InvalidArgument("torus-bench-comm measures collectives only, not " + std::string(name));
   }
-  in_ = allocate(in_bytes_);
-  out_ = allocate(out_bytes_);
+  in_ = allocate(in_bytes_, shared);
+  out_ = allocate(out_bytes_, shared);
   split_counts_.assign(static_cast<size_t>(n_), block_);
 }
 

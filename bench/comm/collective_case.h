@@ -35,8 +35,10 @@ class CollectiveCase {
  public:
   // `bytes` is the requested size; count() follows the rules of sweep.h.
   // `root` matters for broadcast and reduce, `redop` for the reductions.
+  // `shared`: buffers from torus::comm::shared_host_alloc (Note [Shared
+  // host buffers]) instead of ordinary heap memory.
   CollectiveCase(comm::Backend& backend, comm::OpType op, DType dtype, comm::ReduceOp redop, int root, size_t bytes,
-                 comm::Duration timeout);
+                 comm::Duration timeout, bool shared = false);
 
   size_t count() const { return count_; }
   size_t bytes() const { return count_ * elt_; }
@@ -51,10 +53,11 @@ class CollectiveCase {
 
  private:
   struct FreeDeleter {
+    bool shared;  // no initializer: value-initialized (false) by unique_ptr
     void operator()(void* p) const;
   };
   using Buffer = std::unique_ptr<std::byte, FreeDeleter>;
-  static Buffer allocate(size_t bytes);
+  static Buffer allocate(size_t bytes, bool shared);
 
   std::byte* in_place_input();  // where the input lies for the in-place form
   std::byte* in_place_output();

@@ -42,6 +42,7 @@ struct Options {
   int root = 0;
   comm::Duration timeout{std::chrono::minutes(5)};
   bool list_backends = false;
+  bool shared_buffers = false;  // --buffers shared
 };
 
 void print_help() {
@@ -56,6 +57,8 @@ void print_help() {
       "  -o, --redop NAME       sum (default), max or min (the reductions whose results are exact)\n"
       "  -r, --root N           root of broadcast and reduce (default 0)\n"
       "      --timeout-ms MS    deadline of each op (default 300000)\n"
+      "      --buffers KIND     user (default): heap memory; shared: torus::comm::shared_host_alloc, which\n"
+      "                         lets the ofi backend's host path skip its staging copies\n"
       "      --list-backends    print the host backends built into this Torus, one a line, and exit\n\n"
       "Ops: all_reduce, reduce_scatter, all_gather, all_to_all, broadcast, reduce.\n"
       "Time is the median over iterations of the slowest rank's time for one op. Columns and\n"
@@ -78,6 +81,10 @@ Options parse(int argc, char** argv) {
   if (auto v = args.value({"-r", "--root"})) o.root = std::stoi(*v);
   if (auto v = args.value({"--timeout-ms"})) o.timeout = comm::Duration(std::stoll(*v));
   o.list_backends = args.flag({"--list-backends"});
+  if (auto v = args.value({"--buffers"})) {
+    if (*v != "user" && *v != "shared") throw InvalidArgument("--buffers must be user or shared, not " + *v);
+    o.shared_buffers = *v == "shared";
+  }
   args.finish();
   return o;
 }
@@ -112,7 +119,7 @@ class Runner {
       return;
     }
     for (size_t bytes : o_.sweep.sweep()) {
-      CollectiveCase c(be_, op, o_.dtype, o_.redop, o_.root, bytes, o_.timeout);
+      CollectiveCase c(be_, op, o_.dtype, o_.redop, o_.root, bytes, o_.timeout, o_.shared_buffers);
       Row row;
       for (Placement p : {Placement::kOutOfPlace, Placement::kInPlace}) {
         if (!c.has(p)) continue;

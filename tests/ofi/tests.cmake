@@ -2,8 +2,8 @@
 #  * ofi_unit: transport unit tests (two forked processes on raw endpoints,
 #    shm and tcp), every collective over injected topologies (one host,
 #    several fake hosts), faults (killed peers, deadlines, teardown), same-
-#    host liveness (provider marks, wedged endpoints) — forked ranks, no
-#    launcher needed.
+#    host liveness (provider marks, wedged endpoints), shared host buffers
+#    and the zero-copy host path — forked ranks, no launcher needed.
 #  * backend_ofi_*: the backend conformance suite (tests/backend) on the ofi
 #    backend: shm provider with the host segment (the default setup), tcp on
 #    loopback with every collective over the provider, and the provider's
@@ -17,6 +17,7 @@ if(TORUS_WITH_OFI)
     ${CMAKE_CURRENT_LIST_DIR}/ofi_fault_test.cpp
     ${CMAKE_CURRENT_LIST_DIR}/ofi_inline_test.cpp
     ${CMAKE_CURRENT_LIST_DIR}/ofi_segment_test.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/ofi_zero_copy_test.cpp
     ${CMAKE_CURRENT_LIST_DIR}/liveness_test.cpp)
   target_link_libraries(torus_ofi_tests PRIVATE torus_test_main torus_base)
   torus_add_test(NAME ofi_unit TARGET torus_ofi_tests LABELS ofi TIMEOUT 300)

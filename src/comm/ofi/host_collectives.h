@@ -19,6 +19,20 @@
 //  * broadcast: the root streams stripes through its in-slot.
 //  * barrier: one round of counters.
 //
+// Note [Zero-copy host ops]: all_reduce, reduce_scatter and all_gather of
+// at least HostGroup::zero_copy_bytes first spend one mailbox round on
+// whether every rank's input and output lie in shared host memory
+// (torus/comm/shared_host.h). When they do, and every rank could map every
+// peer's buffers (a second round says so), no data goes through the
+// stripes: local rank i reduces block i straight from all the inputs and
+// writes it into all the outputs (all_reduce), into its own output
+// (reduce_scatter), or writes its input into block i of all the outputs
+// (all_gather); a last round says everyone is done with everyone's buffers.
+// Each rank reads its share once and writes it once — the traffic of one
+// memcpy — where the staging path copies every byte twice and makes it
+// cross between cores' caches. Every rank decides from the same mailboxes,
+// so all take the same path; otherwise the op continues on the stripes.
+//
 // Every function is collective over the local members, which must issue the
 // same sequence of host collectives (the group's op order guarantees it).
 // Waits fail with CommError when the segment is aborted or a member process
@@ -28,10 +42,12 @@
 #include <cstddef>
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "comm/ofi/engine.h"
 #include "comm/ofi/host_segment.h"
+#include "comm/ofi/peer_mappings.h"
 #include "torus/comm/types.h"
 #include "torus/core/dtype.h"
 
@@ -47,6 +63,8 @@ struct HostGroup {
   size_t nt_bytes = size_t{16} << 20;  // ops this large write results with non-temporal stores
   unsigned spin_pauses = 128;          // inline waits: pauses before the first yield (spin.h)
   size_t eager_bytes = 16 << 10;       // one-round ops through the in-slots up to this (OfiOptions)
+  size_t zero_copy_bytes = 256 << 10;  // Note [Zero-copy host ops] from this many bytes per rank; 0: never
+  std::unique_ptr<PeerMappings> peers = std::make_unique<PeerMappings>();  // the peers' shared buffers
   std::vector<const char*> srcs;       // scratch: the sources of one combine
   std::vector<float> acc;              // scratch: f32 accumulator of an inline half combine
   Clock::time_point next_liveness_check{};
@@ -92,6 +110,10 @@ Task host_broadcast(OpCtx& c, HostGroup* h, void* buf, size_t bytes, int root);
 Task host_all_to_all(OpCtx& c, HostGroup* h, const void* in, void* out, std::vector<size_t> send_counts,
                      std::vector<size_t> recv_counts, size_t elt);
 Task host_barrier(OpCtx& c, HostGroup* h);
+
+// Ops of this process that took the zero-copy path (Note [Zero-copy host
+// ops]) so far, over all groups: for tests and diagnostics.
+uint64_t host_zero_copy_ops();
 
 // Note [Inline mailbox all_reduce]: an all_reduce small enough for one
 // round (the mailboxes up to SegmentMailbox::kBytes, else the in-slots up

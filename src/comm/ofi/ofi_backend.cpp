@@ -429,6 +429,7 @@ std::shared_ptr<Topology> make_topology(const World& w, uint32_t context, const 
     t->host.nt_bytes = w.options.shm_nt_bytes;
     t->host.spin_pauses = w.oversubscribed ? kOversubscribedPauses : kSpinPauses;
     t->host.eager_bytes = w.options.shm_eager_bytes;
+    t->host.zero_copy_bytes = w.options.shm_zero_copy_bytes;
     for (auto& seen : t->host.seen) seen.assign(static_cast<size_t>(t->local_size), 0);
   }
   return t;

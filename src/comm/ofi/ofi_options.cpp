@@ -27,6 +27,7 @@ OfiOptions OfiOptions::from_env() {
   o.shm_depth = static_cast<int>(env_bytes("TORUS_OFI_SHM_DEPTH", o.shm_depth, 2));
   o.shm_eager_bytes = env_bytes("TORUS_OFI_SHM_EAGER_BYTES", o.shm_eager_bytes, 0);
   o.shm_nt_bytes = env_bytes("TORUS_OFI_SHM_NT_BYTES", o.shm_nt_bytes, 0);
+  o.shm_zero_copy_bytes = env_bytes("TORUS_OFI_SHM_ZERO_COPY_BYTES", o.shm_zero_copy_bytes, 0);
   o.inline_spin_us = env_bytes("TORUS_OFI_INLINE_SPIN_US", o.inline_spin_us, 0);
   o.inline_max_bytes = env_bytes("TORUS_OFI_INLINE_MAX_BYTES", o.inline_max_bytes, 0);
   if (auto v = env_bool("TORUS_OFI_OVERSUBSCRIBED")) o.oversubscribed = *v ? 1 : 0;

@@ -35,7 +35,6 @@ __attribute__((target("avx512f"))) void copy_avx512(char* dst, const char* src, 
     _mm512_stream_si512(reinterpret_cast<__m512i*>(dst + i), _mm512_loadu_si512(src + i));
   }
   std::memcpy(dst + i, src + i, n - i);
-  _mm_sfence();
 }
 
 __attribute__((target("avx2"))) void copy_avx2(char* dst, const char* src, size_t n) {
@@ -51,7 +50,6 @@ __attribute__((target("avx2"))) void copy_avx2(char* dst, const char* src, size_
     _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + i + 96), d);
   }
   std::memcpy(dst + i, src + i, n - i);
-  _mm_sfence();
 }
 
 using CopyFn = void (*)(char*, const char*, size_t);
@@ -63,11 +61,20 @@ CopyFn pick() {
   return [](char* d, const char* s, size_t n) { std::memcpy(d, s, n); };
 }
 
+void copy_fn(char* dst, const char* src, size_t n) {
+  static const CopyFn fn = pick();
+  fn(dst, src, n);
+}
+
 }  // namespace
 
+void stream_copy_unfenced(void* dst, const void* src, size_t n) {
+  copy_fn(static_cast<char*>(dst), static_cast<const char*>(src), n);
+}
+
 void stream_copy(void* dst, const void* src, size_t n) {
-  static const CopyFn fn = pick();
-  fn(static_cast<char*>(dst), static_cast<const char*>(src), n);
+  copy_fn(static_cast<char*>(dst), static_cast<const char*>(src), n);
+  _mm_sfence();
 }
 
 }  // namespace torus::comm::ofi

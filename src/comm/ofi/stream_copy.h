@@ -14,4 +14,9 @@ namespace torus::comm::ofi {
 // at run time; memcpy otherwise.
 void stream_copy(void* dst, const void* src, size_t n);
 
+// The same without the fence: for many pieces in a row, each fence would
+// wait for the previous piece to reach memory. The caller fences once
+// (_mm_sfence) before it publishes the data.
+void stream_copy_unfenced(void* dst, const void* src, size_t n);
+
 }  // namespace torus::comm::ofi

@@ -1,0 +1,75 @@
+// Same-host peers' shared host regions (peer_mappings.h).
+#include "comm/ofi/peer_mappings.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+#include "core/log.h"
+
+namespace torus::comm::ofi {
+namespace {
+
+// The first failure of a group is a warning (the op falls back to the
+// staging path, correct but slower); later ones are debug lines.
+template <typename... Args>
+void report(bool& warned, fmt::format_string<Args...> f, Args&&... args) {
+  std::string msg = fmt::format(f, std::forward<Args>(args)...);
+  if (!warned) {
+    warned = true;
+    TORUS_LOG_WARN("zero-copy host path unavailable, using the staging path: {}", msg);
+  } else {
+    TORUS_LOG_DEBUG("zero-copy: {}", msg);
+  }
+}
+
+}  // namespace
+
+PeerMappings::~PeerMappings() {
+  for (auto& [key, e] : entries_) ::munmap(e.base, e.bytes);
+}
+
+char* PeerMappings::map(int pid, uint64_t id, int fd, size_t need_bytes) {
+  const auto key = std::make_pair(pid, id);
+  if (auto it = entries_.find(key); it != entries_.end()) {
+    if (it->second.bytes < need_bytes) return nullptr;
+    it->second.last_use = ++clock_;
+    return it->second.base;
+  }
+  const std::string path = fmt::format("/proc/{}/fd/{}", pid, fd);
+  const int f = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (f < 0) {
+    report(warned_, "cannot open {} (pid {} region {}): {}", path, pid, id, std::strerror(errno));
+    return nullptr;
+  }
+  struct stat st{};
+  if (::fstat(f, &st) != 0 || static_cast<size_t>(st.st_size) < need_bytes || st.st_size == 0) {
+    report(warned_, "{} is {} bytes, {} needed", path, static_cast<long long>(st.st_size), need_bytes);
+    ::close(f);
+    return nullptr;
+  }
+  const size_t bytes = static_cast<size_t>(st.st_size);
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, f, 0);
+  ::close(f);
+  if (p == MAP_FAILED) {
+    report(warned_, "mmap of {} ({} bytes) failed: {}", path, bytes, std::strerror(errno));
+    return nullptr;
+  }
+  while (entries_.size() >= max_ && !entries_.empty()) {
+    auto oldest = entries_.begin();
+    for (auto it = entries_.begin(); it != entries_.end(); ++it) {
+      if (it->second.last_use < oldest->second.last_use) oldest = it;
+    }
+    ::munmap(oldest->second.base, oldest->second.bytes);
+    entries_.erase(oldest);
+  }
+  entries_.emplace(key, Entry{static_cast<char*>(p), bytes, ++clock_});
+  return static_cast<char*>(p);
+}
+
+}  // namespace torus::comm::ofi

@@ -1,0 +1,44 @@
+// Private: a group's mappings of its same-host peers' shared host regions
+// (Note [Shared host buffers] in torus/comm/shared_host.h).
+//
+// A region is found again by its owner's pid and the owner's region id
+// (ids are never reused within a process, so a cached mapping never stands
+// for a newer region). At most `max_regions` are kept; the least recently
+// used is unmapped first. Not thread safe: the group's driver thread only.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <utility>
+
+namespace torus::comm::ofi {
+
+class PeerMappings {
+ public:
+  explicit PeerMappings(size_t max_regions = 64) : max_(max_regions) {}
+  ~PeerMappings();
+  PeerMappings(const PeerMappings&) = delete;
+  PeerMappings& operator=(const PeerMappings&) = delete;
+
+  // Start of process `pid`'s region `id` (its file descriptor `fd` there),
+  // mapped on first use; nullptr when it cannot be opened or mapped, or is
+  // smaller than `need_bytes` (the first such failure is logged as a
+  // warning, later ones at debug level).
+  char* map(int pid, uint64_t id, int fd, size_t need_bytes);
+
+  size_t size() const { return entries_.size(); }
+
+ private:
+  struct Entry {
+    char* base;
+    size_t bytes;
+    uint64_t last_use;
+  };
+  std::map<std::pair<int, uint64_t>, Entry> entries_;
+  uint64_t clock_ = 0;
+  size_t max_;
+  bool warned_ = false;
+};
+
+}  // namespace torus::comm::ofi

@@ -1,0 +1,280 @@
+// Shared host buffers (torus/comm/shared_host.h) and the zero-copy host
+// path they enable (Note [Zero-copy host ops] in host_collectives.h): the
+// allocator's bookkeeping; all_reduce, reduce_scatter and all_gather on
+// 2-4 ranks against closed forms, for every dtype kind, in and out of
+// place, with aligned and unaligned buffers, with cached and non-temporal
+// stores; ranks mixing shared and ordinary buffers fall back to the stripes
+// with the same results; more regions than a group keeps mapped; a dead
+// peer is named.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <cstring>
+#include <thread>
+
+#include "collective_checks.h"
+#include "comm/ofi/host_collectives.h"
+#include "torus/comm/shared_host.h"
+#include "torus/core/error.h"
+
+namespace torus::comm::ofi::test {
+namespace {
+
+using Ms = std::chrono::milliseconds;
+
+// `n` elements of T in shared host memory, `skew` bytes past the start of
+// their allocation (a skew that is not a multiple of 64 takes the path for
+// unaligned outputs).
+template <typename T>
+class SharedVec {
+ public:
+  SharedVec(size_t n, size_t skew = 0) : n_(n), base_(shared_host_alloc(n * sizeof(T) + skew + 64)) {
+    p_ = reinterpret_cast<T*>(static_cast<char*>(base_) + skew);
+  }
+  ~SharedVec() { shared_host_free(base_); }
+  SharedVec(const SharedVec&) = delete;
+  SharedVec& operator=(const SharedVec&) = delete;
+  T* data() { return p_; }
+  T& operator[](size_t i) { return p_[i]; }
+  size_t size() const { return n_; }
+  std::vector<T> vec() const { return std::vector<T>(p_, p_ + n_); }
+
+ private:
+  size_t n_;
+  void* base_;
+  T* p_;
+};
+
+TEST(SharedHost, AllocationsAreFoundAndFreed) {
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  char* p = static_cast<char*>(shared_host_alloc(10000));
+  ASSERT_EQ(reinterpret_cast<uintptr_t>(p) % page, 0u);
+  for (size_t i = 0; i < 10000; ++i) ASSERT_EQ(p[i], 0) << "not zeroed at " << i;
+  auto span = find_shared_host(p + 100, 50);
+  ASSERT_TRUE(span.has_value());
+  EXPECT_EQ(span->offset, 100u);
+  EXPECT_EQ(span->region_bytes % page, 0u);
+  EXPECT_GE(span->region_bytes, 10000u);
+  EXPECT_GE(span->fd, 0);
+  EXPECT_TRUE(is_shared_host(p, span->region_bytes));
+  EXPECT_FALSE(is_shared_host(p, span->region_bytes + 1)) << "a span past the end";
+  EXPECT_FALSE(is_shared_host(p + span->region_bytes, 1)) << "the byte after the region";
+  std::vector<char> heap(64);
+  EXPECT_FALSE(is_shared_host(heap.data(), heap.size()));
+  EXPECT_FALSE(is_shared_host(nullptr, 1));
+
+  char* q = static_cast<char*>(shared_host_alloc(1));
+  auto span_q = find_shared_host(q, 1);
+  ASSERT_TRUE(span_q.has_value());
+  EXPECT_NE(span_q->id, span->id);
+  EXPECT_THROW(shared_host_free(p + 1), InvalidArgument);
+  EXPECT_THROW(shared_host_alloc(0), InvalidArgument);
+  shared_host_free(nullptr);
+  shared_host_free(p);
+  EXPECT_FALSE(is_shared_host(p, 1)) << "a freed region is still registered";
+  EXPECT_THROW(shared_host_free(p), InvalidArgument) << "double free not caught";
+  // Ids are never reused, even where the address is.
+  char* r = static_cast<char*>(shared_host_alloc(10000));
+  auto span_r = find_shared_host(r, 1);
+  ASSERT_TRUE(span_r.has_value());
+  EXPECT_GT(span_r->id, span_q->id);
+  shared_host_free(r);
+  shared_host_free(q);
+}
+
+JobSpec zero_copy_job(int n, bool force_nt) {
+  JobSpec s = one_host(n, "shm");
+  s.options.shm_zero_copy_bytes = 1;  // every op past the one-round sizes
+  if (force_nt) s.options.shm_nt_bytes = 0;
+  return s;
+}
+
+// Runs all_reduce (f32 sum/avg, i32 max, bf16 sum, f64 max), reduce_scatter
+// (f32 sum, bf16 avg) and all_gather (f32, u8) on shared buffers skewed by
+// `skew` bytes, in and out of place; returns how many ops it issued.
+uint64_t check_all_kinds(Backend& b, size_t count, size_t skew) {
+  const int n = b.size(), me = b.rank();
+  const std::string c = " count " + std::to_string(count) + " skew " + std::to_string(skew);
+  uint64_t ops = 0;
+  {
+    SharedVec<float> in(count, skew), out(count, skew);
+    for (size_t i = 0; i < count; ++i) in[i] = static_cast<float>(contribution(me, i)), out[i] = -1.f;
+    b.all_reduce(in.data(), out.data(), count, DType::kF32, ReduceOp::kSum, kT)->wait();
+    require_values(out.vec(), [&](size_t i) { return sum_over(n, i); }, "f32 sum out of place" + c);
+    b.all_reduce(in.data(), in.data(), count, DType::kF32, ReduceOp::kAvg, kT)->wait();
+    require_values(in.vec(), [&](size_t i) { return sum_over(n, i) / n; }, "f32 avg in place" + c, 1e-5);
+    for (size_t i = 0; i < count; ++i) in[i] = static_cast<float>(contribution(me, i));
+    b.all_reduce(in.data(), in.data(), count, DType::kF32, ReduceOp::kSum, kT)->wait();
+    require_values(in.vec(), [&](size_t i) { return sum_over(n, i); }, "f32 sum in place" + c);
+    ops += 3;
+  }
+  {
+    SharedVec<int32_t> x(count, skew);
+    for (size_t i = 0; i < count; ++i) x[i] = static_cast<int32_t>(contribution(me, i)) - 7;
+    b.all_reduce(x.data(), x.data(), count, DType::kI32, ReduceOp::kMax, kT)->wait();
+    require_values(x.vec(), [&](size_t i) { return max_over(n, i) - 7; }, "i32 max" + c);
+    ops += 1;
+  }
+  {
+    SharedVec<uint16_t> h(count, skew), out(count, skew);
+    for (size_t i = 0; i < count; ++i) h[i] = kernels::float_to_bf16(static_cast<float>(contribution(me, i)));
+    b.all_reduce(h.data(), out.data(), count, DType::kBF16, ReduceOp::kSum, kT)->wait();
+    std::vector<float> f(count);
+    for (size_t i = 0; i < count; ++i) f[i] = kernels::bf16_to_float(out[i]);
+    require_values(f, [&](size_t i) { return sum_over(n, i); }, "bf16 sum" + c);
+    ops += 1;
+  }
+  {
+    SharedVec<double> d(count, skew);
+    for (size_t i = 0; i < count; ++i) d[i] = contribution(me, i) + 0.25;
+    b.all_reduce(d.data(), d.data(), count, DType::kF64, ReduceOp::kMax, kT)->wait();
+    require_values(d.vec(), [&](size_t i) { return max_over(n, i) + 0.25; }, "f64 max" + c);
+    ops += 1;
+  }
+  const size_t un = static_cast<size_t>(n), um = static_cast<size_t>(me);
+  {
+    // reduce_scatter: block `count` per rank; out of place, then in place.
+    SharedVec<float> big(un * count, skew), mine(count, skew);
+    for (size_t i = 0; i < un * count; ++i) big[i] = static_cast<float>(contribution(me, i));
+    b.reduce_scatter(big.data(), mine.data(), count, DType::kF32, ReduceOp::kSum, kT)->wait();
+    require_values(mine.vec(), [&](size_t i) { return sum_over(n, um * count + i); }, "reduce_scatter" + c);
+    b.reduce_scatter(big.data(), big.data() + um * count, count, DType::kF32, ReduceOp::kSum, kT)->wait();
+    std::vector<float> block(big.data() + um * count, big.data() + (um + 1) * count);
+    require_values(block, [&](size_t i) { return sum_over(n, um * count + i); }, "reduce_scatter in place" + c);
+    SharedVec<uint16_t> hb(un * count, skew), hm(count, skew);
+    for (size_t i = 0; i < un * count; ++i) hb[i] = kernels::float_to_bf16(static_cast<float>(contribution(me, i)));
+    b.reduce_scatter(hb.data(), hm.data(), count, DType::kBF16, ReduceOp::kAvg, kT)->wait();
+    std::vector<float> f(count);
+    for (size_t i = 0; i < count; ++i) f[i] = kernels::bf16_to_float(hm[i]);
+    // bf16 keeps 8 significant bits: the average is within half an ulp.
+    require_values(f, [&](size_t i) { return sum_over(n, um * count + i) / n; }, "reduce_scatter bf16 avg" + c,
+                   0.05);
+    ops += 3;
+  }
+  {
+    SharedVec<float> in(count, skew), out(un * count, skew);
+    for (size_t i = 0; i < count; ++i) in[i] = static_cast<float>(contribution(me, i));
+    for (size_t i = 0; i < un * count; ++i) out[i] = -1.f;
+    b.all_gather(in.data(), out.data(), count, DType::kF32, kT)->wait();
+    require_values(out.vec(), [&](size_t i) { return contribution(static_cast<int>(i / count), i % count); },
+                   "all_gather" + c);
+    SharedVec<uint8_t> bytes(un * count, skew);
+    for (size_t i = 0; i < count; ++i) bytes[um * count + i] = static_cast<uint8_t>(contribution(me, i));
+    b.all_gather(bytes.data() + um * count, bytes.data(), count, DType::kU8, kT)->wait();
+    require_values(bytes.vec(), [&](size_t i) { return contribution(static_cast<int>(i / count), i % count); },
+                   "all_gather u8 in place" + c);
+    ops += 2;
+  }
+  return ops;
+}
+
+class ZeroCopyRanks : public testing::TestWithParam<std::tuple<int, bool>> {};
+
+TEST_P(ZeroCopyRanks, ResultsMatchClosedForms) {
+  const auto [n, force_nt] = GetParam();
+  auto results = run_job(zero_copy_job(n, force_nt), [&](Backend& b, int) {
+    const uint64_t before = host_zero_copy_ops();
+    uint64_t issued = 0;
+    // Past the one-round sizes (16 KiB) for every op and dtype; odd counts
+    // leave tails shorter than a vector and blocks that do not divide.
+    for (size_t count : {size_t{20000}, size_t{100003}}) {
+      for (size_t skew : {size_t{0}, size_t{4}, size_t{64}}) issued += check_all_kinds(b, count, skew);
+    }
+    const uint64_t took = host_zero_copy_ops() - before;
+    require(took == issued, "zero-copy ops: " + std::to_string(took) + " of " + std::to_string(issued));
+  });
+  expect_all_ok(results);
+}
+
+INSTANTIATE_TEST_SUITE_P(Ofi, ZeroCopyRanks,
+                         testing::Combine(testing::Values(2, 3, 4), testing::Values(false, true)));
+
+// One rank with ordinary buffers: every rank takes the stripes (the same
+// answer everywhere), and the results are right.
+TEST(ZeroCopy, MixedBuffersFallBackToTheStripes) {
+  auto results = run_job(zero_copy_job(3, true), [&](Backend& b, int rank) {
+    const int n = b.size();
+    const size_t count = 50001;
+    const uint64_t before = host_zero_copy_ops();
+    std::vector<float> heap_in = filled(rank, count), heap_out(count, -1.f);
+    SharedVec<float> in(count), out(count);
+    for (size_t i = 0; i < count; ++i) in[i] = static_cast<float>(contribution(rank, i)), out[i] = -1.f;
+    float* src = rank == 1 ? heap_in.data() : in.data();
+    float* dst = rank == 1 ? heap_out.data() : out.data();
+    b.all_reduce(src, dst, count, DType::kF32, ReduceOp::kSum, kT)->wait();
+    std::vector<float> got = rank == 1 ? heap_out : out.vec();
+    require_values(got, [&](size_t i) { return sum_over(n, i); }, "mixed all_reduce");
+    // Shared input, ordinary output on rank 2 only.
+    std::vector<float> gathered(static_cast<size_t>(n) * count, -1.f);
+    SharedVec<float> sg(static_cast<size_t>(n) * count);
+    b.all_gather(in.data(), rank == 2 ? gathered.data() : sg.data(), count, DType::kF32, kT)->wait();
+    std::vector<float> g = rank == 2 ? gathered : sg.vec();
+    require_values(g, [&](size_t i) { return contribution(static_cast<int>(i / count), i % count); },
+                   "mixed all_gather");
+    require(host_zero_copy_ops() == before, "an op with ordinary buffers took the zero-copy path");
+    // And all shared again: zero-copy.
+    b.all_reduce(in.data(), out.data(), count, DType::kF32, ReduceOp::kSum, kT)->wait();
+    require_values(out.vec(), [&](size_t i) { return sum_over(n, i); }, "all-shared all_reduce after");
+    require(host_zero_copy_ops() == before + 1, "the all-shared op did not take the zero-copy path");
+  });
+  expect_all_ok(results);
+}
+
+// Each op on freshly allocated buffers: more regions than a group keeps
+// mapped (64), so the peers evict and remap; a freed region's address may
+// come back for a new one, whose id differs.
+TEST(ZeroCopy, ManyRegionsAreMappedEvictedAndRemapped) {
+  auto results = run_job(zero_copy_job(2, false), [&](Backend& b, int rank) {
+    const int n = b.size();
+    const uint64_t before = host_zero_copy_ops();
+    for (int it = 0; it < 80; ++it) {
+      const size_t c = 8192 + static_cast<size_t>(it % 5);
+      SharedVec<float> buf(c);
+      for (size_t i = 0; i < c; ++i) buf[i] = static_cast<float>(contribution(rank, i + static_cast<size_t>(it)));
+      b.all_reduce(buf.data(), buf.data(), c, DType::kF32, ReduceOp::kSum, kT)->wait();
+      require_values(buf.vec(), [&](size_t i) { return sum_over(n, i + static_cast<size_t>(it)); },
+                     "iteration " + std::to_string(it));
+    }
+    require(host_zero_copy_ops() == before + 80,
+            "zero-copy ops: " + std::to_string(host_zero_copy_ops() - before) + " of 80");
+  });
+  expect_all_ok(results);
+}
+
+// A peer dies instead of joining a zero-copy all_reduce: the others fail
+// within the deadline, naming it.
+TEST(ZeroCopy, DeadPeerIsNamed) {
+  const Ms deadline(5000);
+  auto results = run_job(zero_copy_job(3, false), [&](Backend& b, int rank) {
+    SharedVec<float> buf(100000);
+    b.all_reduce(buf.data(), buf.data(), buf.size(), DType::kF32, ReduceOp::kSum, kT)->wait();
+    b.barrier(kT)->wait();
+    if (rank == 2) {
+      std::this_thread::sleep_for(Ms(20));
+      ::raise(SIGKILL);
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    std::string message;
+    try {
+      b.all_reduce(buf.data(), buf.data(), buf.size(), DType::kF32, ReduceOp::kSum, deadline)->wait();
+      throw std::runtime_error("an all_reduce with a dead peer succeeded");
+    } catch (const CommError& e) {
+      message = e.what();
+    } catch (const TimeoutError& e) {
+      message = e.what();
+    }
+    const auto took = std::chrono::duration_cast<Ms>(std::chrono::steady_clock::now() - t0);
+    require(took <= deadline + Ms(2000), "failed only after " + std::to_string(took.count()) + " ms: " + message);
+    require(message.find("world rank 2") != std::string::npos, "the error does not name the dead peer: " + message);
+  });
+  for (size_t r = 0; r < results.size(); ++r) {
+    if (r == 2) {
+      EXPECT_TRUE(WIFSIGNALED(results[r].status)) << "the victim did not die";
+    } else {
+      EXPECT_TRUE(results[r].exited_ok()) << "rank " << r << ": " << results[r].output;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace torus::comm::ofi::test
