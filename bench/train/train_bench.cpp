@@ -59,6 +59,7 @@ struct Options {
   std::string optimizer = "fused";  // fused (torus::optim::AdamW) | torch (torch::optim::AdamW)
   std::string zero_grad = "none";   // none: DDP grads set to None between steps | zero: buckets zeroed
   std::string host_alloc = "retain";  // retain: torus::retain_freed_host_memory() | default: glibc's own
+  std::string buckets = "shared";     // shared: DDP buckets in shared host memory | heap: ordinary memory
   std::string json;
 };
 
@@ -67,7 +68,7 @@ struct Options {
                "%s\nusage: torus-bench-train [--mode dp|dp-nosync|tp|single] [--layers 4] [--hidden 256] [--heads 8]\n"
                "  [--seq 128] [--vocab 8192] [--batch 8 (global)] [--steps 10] [--warmup 3] [--threads 1]\n"
                "  [--bucket-mb 25] [--sp] [--optimizer fused|torch] [--zero-grad none|zero]\n"
-               "  [--host-alloc retain|default] [--json FILE]\n",
+               "  [--host-alloc retain|default] [--buckets shared|heap] [--json FILE]\n",
                msg);
   std::exit(2);
 }
@@ -110,6 +111,8 @@ Options parse(int argc, char** argv) {
       o.zero_grad = value();
     else if (a == "--host-alloc")
       o.host_alloc = value();
+    else if (a == "--buckets")
+      o.buckets = value();
     else if (a == "--json")
       o.json = value();
     else if (a == "--help" || a == "-h")
@@ -120,6 +123,7 @@ Options parse(int argc, char** argv) {
   if (o.optimizer != "fused" && o.optimizer != "torch") usage("--optimizer must be fused or torch");
   if (o.zero_grad != "none" && o.zero_grad != "zero") usage("--zero-grad must be none or zero");
   if (o.host_alloc != "retain" && o.host_alloc != "default") usage("--host-alloc must be retain or default");
+  if (o.buckets != "shared" && o.buckets != "heap") usage("--buckets must be shared or heap");
   if (o.mode != "dp" && o.mode != "dp-nosync" && o.mode != "tp" && o.mode != "single") {
     usage("--mode must be dp, dp-nosync, tp or single");
   }
@@ -167,6 +171,7 @@ int main(int argc, char** argv) {
   if ((dp > 1 && sync) || o.sp) {
     dp::DDPOptions d;
     d.bucket_cap_bytes = static_cast<int64_t>(o.bucket_mb * (1 << 20));
+    d.shared_host_buckets = o.buckets == "shared";
     ddp = std::make_unique<dp::DistributedDataParallel>(model, groups, d);
   }
   // AdamW, lr 3e-4, weight decay 0.1 on every parameter (as the Python peers).

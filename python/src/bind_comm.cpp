@@ -194,6 +194,10 @@ void bind_comm(py::module_& m) {
       });
 
   m.def(
+      "_shared_host_bytes", [](int64_t n) { return torus::comm::shared_host_zeros({n}, at::kByte); }, py::arg("n"),
+      "A zeroed uint8 CPU tensor of n bytes over shared host memory (torus.shared_host_zeros builds on it).");
+
+  m.def(
       "init",
       [](std::optional<int> rank, std::optional<int> world_size, std::optional<int> local_rank,
          std::optional<int> local_size, const std::string& master_addr, std::optional<int> master_port,

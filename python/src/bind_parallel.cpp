@@ -134,19 +134,22 @@ void bind_dp(py::module_& m) {
                                         "Gradient buckets reduced from backward hooks; see torus/parallel/data/ddp.h.")
       .def(py::init([](const std::vector<std::tuple<std::string, at::Tensor, int, int64_t, bool>>& params,
                        const parallel::ParallelGroups& groups, int64_t bucket_cap_bytes, int64_t first_bucket_cap_bytes,
-                       bool average, bool overlap, bool finish_in_backward, bool broadcast_parameters) {
+                       bool average, bool overlap, bool finish_in_backward, bool broadcast_parameters,
+                       bool shared_host_buckets) {
              std::vector<dp::NamedParameter> named;
              for (const auto& [name, tensor, dim, full_size, partial] : params) {
                named.push_back({name, tensor, {dim, full_size, partial}});
              }
              dp::DDPOptions o{bucket_cap_bytes, first_bucket_cap_bytes, average,
-                              overlap,          finish_in_backward,     broadcast_parameters};
+                              overlap,          finish_in_backward,     broadcast_parameters,
+                              shared_host_buckets};
              py::gil_scoped_release release;
              return std::make_shared<DDP>(std::move(named), groups, o);
            }),
            py::arg("params"), py::arg("groups"), py::arg("bucket_cap_bytes") = int64_t{25} << 20,
            py::arg("first_bucket_cap_bytes") = int64_t{1} << 20, py::arg("average") = true, py::arg("overlap") = true,
            py::arg("finish_in_backward") = true, py::arg("broadcast_parameters") = true,
+           py::arg("shared_host_buckets") = true,
            "params: (name, tensor, shard dim, full size, gradient partial over TP) tuples.")
       .def("start_grad_sync", &DDP::start_grad_sync, Release())
       .def("finish_grad_sync", &DDP::finish_grad_sync, Release())

@@ -20,6 +20,7 @@ ValueError), `CommError`, `TimeoutError` (also the builtin TimeoutError) and
 
 import torch  # noqa: F401  (loads LibTorch before the extension)
 
+from . import _C  # noqa: E402
 from ._C import (  # noqa: F401
     CommError,
     DeviceMesh,
@@ -39,6 +40,27 @@ from ._C import (  # noqa: F401
 )
 from . import models, parallel, pipeline, train  # noqa: E402,F401  (after _C: they import it)
 
+
+def shared_host_zeros(shape, dtype=torch.float32):
+    """A zeroed CPU tensor over shared host memory (torus/comm/shared_host.h).
+
+    Collectives on the ofi backend whose buffers are all such tensors, on every
+    rank of a same-host group, skip the staging copies of the host path: each
+    rank reads its peers' inputs and writes their outputs directly. Anything
+    else works with them as with any CPU tensor. ``shape`` is an int or a
+    sequence of ints.
+    """
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    numel = 1
+    for d in shape:
+        if d < 0:
+            raise ValueError(f"shared_host_zeros: negative size in {shape}")
+        numel *= d
+    nbytes = numel * torch.empty((), dtype=dtype).element_size()
+    raw = _C._shared_host_bytes(max(nbytes, 1))
+    return raw[:nbytes].view(dtype).reshape(shape)
+
+
 __all__ = [
     "CommError",
     "DeviceMesh",
@@ -57,5 +79,6 @@ __all__ = [
     "pipeline",
     "retain_freed_host_memory",
     "set_log_level",
+    "shared_host_zeros",
     "train",
 ]

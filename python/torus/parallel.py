@@ -183,18 +183,21 @@ class DistributedDataParallel(torch.nn.Module):
     sequence parallelism) are summed over TP as well. ``zero_grad()`` zeroes
     the buckets and keeps the views; ``zero_grad(set_to_none=True)`` (or the
     optimizer's) sets the grads to None, and the next backward copies each
-    gradient into its bucket as it arrives.
+    gradient into its bucket as it arrives. CPU buckets live in shared host
+    memory (``shared_host_buckets``), so the ofi backend reduces them between
+    same-host ranks without staging copies.
     """
 
     def __init__(self, module, groups, *, bucket_cap_mb=25.0, first_bucket_cap_mb=1.0, average=True, overlap=True,
-                 finish_in_backward=True, broadcast_parameters=True):
+                 finish_in_backward=True, broadcast_parameters=True, shared_host_buckets=True):
         super().__init__()
         self.module = module
         params = [(name, p, *_shard(p)) for name, p in module.named_parameters()]
         self._ddp = _dp.DistributedDataParallel(
             params, groups, bucket_cap_bytes=int(bucket_cap_mb * (1 << 20)),
             first_bucket_cap_bytes=int(first_bucket_cap_mb * (1 << 20)), average=average, overlap=overlap,
-            finish_in_backward=finish_in_backward, broadcast_parameters=broadcast_parameters)
+            finish_in_backward=finish_in_backward, broadcast_parameters=broadcast_parameters,
+            shared_host_buckets=shared_host_buckets)
 
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)

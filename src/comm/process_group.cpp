@@ -3,6 +3,7 @@
 #include "torus/comm/process_group.h"
 
 #include <ATen/Functions.h>
+#include <ATen/ops/from_blob.h>
 
 #include <algorithm>
 #include <numeric>
@@ -11,6 +12,7 @@
 
 #include "core/log.h"
 #include "torus/config.h"
+#include "torus/comm/shared_host.h"
 #include "torus/core/params.h"
 #if TORUS_WITH_CUDA
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -339,6 +341,18 @@ std::shared_ptr<ProcessGroup> ProcessGroup::new_group(const std::vector<int>& ra
   int color = it == ranks.end() ? -1 : 0;
   int key = it == ranks.end() ? 0 : static_cast<int>(it - ranks.begin());
   return split(color, key, group_name);
+}
+
+at::Tensor shared_host_zeros(at::IntArrayRef sizes, c10::ScalarType dtype) {
+  int64_t numel = 1;
+  for (int64_t d : sizes) {
+    TORUS_CHECK(d >= 0, InvalidArgument, "shared_host_zeros: negative size {} in [{}]", d, fmt::join(sizes, ", "));
+    numel *= d;
+  }
+  const size_t bytes = std::max<size_t>(1, static_cast<size_t>(numel) * c10::elementSize(dtype));
+  void* p = shared_host_alloc(bytes);  // zeroed
+  return at::from_blob(
+      p, sizes, [](void* q) { shared_host_free(q); }, at::TensorOptions().dtype(dtype).device(at::kCPU));
 }
 
 void ProcessGroup::abort(const std::string& reason) {

@@ -115,3 +115,27 @@ def test_missing_rank_raises_timeout_error(world):
             victim.all_reduce(torch.ones(4)).wait()
         assert time.monotonic() - start < 1.0 + 3.0
     world.barrier().wait()
+
+
+def test_shared_host_zeros_tensors_work_in_collectives(world):
+    n, r = world.size, world.rank
+    t = torus.shared_host_zeros((3, 5), dtype=torch.bfloat16)
+    assert t.shape == (3, 5) and t.dtype == torch.bfloat16 and t.device.type == "cpu"
+    assert t.is_contiguous() and torch.all(t == 0)
+    assert torus.shared_host_zeros(0).numel() == 0
+    with pytest.raises(ValueError):
+        torus.shared_host_zeros((2, -1))
+    # Large enough for the zero-copy host path on the ofi backend; any
+    # backend must give the same sums.
+    count = 300001
+    a = torus.shared_host_zeros(count)
+    a.copy_(torch.arange(count, dtype=torch.float32) % 7 + r)
+    out = torus.shared_host_zeros(count)
+    world.all_reduce(a, output=out).wait()
+    want = n * (torch.arange(count, dtype=torch.float32) % 7) + n * (n - 1) / 2
+    assert torch.equal(out, want)
+    world.all_reduce(a).wait()
+    assert torch.equal(a, want)
+    g = torus.shared_host_zeros((n, count), dtype=torch.int32)
+    world.all_gather(torch.full((count,), r, dtype=torch.int32), g).wait()
+    assert torch.equal(g, torch.arange(n, dtype=torch.int32).repeat_interleave(count).view(n, count))

@@ -114,6 +114,12 @@ using ProcessGroupPtr = std::shared_ptr<ProcessGroup>;
 DType to_dtype(c10::ScalarType t);
 c10::ScalarType to_scalar_type(DType t);
 
+// A zeroed, contiguous CPU tensor over shared host memory (Note [Shared host
+// buffers] in shared_host.h): collectives whose buffers are all such tensors
+// skip the ofi backend's same-host staging copies. The memory is freed with
+// the tensor's storage. Throws InvalidArgument for negative sizes.
+at::Tensor shared_host_zeros(at::IntArrayRef sizes, c10::ScalarType dtype);
+
 }  // namespace torus::comm
 
 namespace torus {

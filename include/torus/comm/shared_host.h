@@ -20,8 +20,12 @@
 //   ... use p as the input and output of a collective ...
 //   torus::comm::shared_host_free(p);
 //
-// Tensors over this memory: torus::comm::shared_host_empty (process_group.h)
-// or torus.shared_host_empty in Python.
+// Tensors over this memory: torus::comm::shared_host_zeros (process_group.h)
+// or torus.shared_host_zeros in Python. Data-parallel gradient buckets on
+// the CPU use it (DDPOptions::shared_host_buckets).
+//
+// A child created by fork() shares this memory with its parent instead of
+// getting a copy.
 #pragma once
 
 #include <cstddef>

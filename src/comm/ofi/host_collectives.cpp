@@ -342,6 +342,11 @@ Task zero_copy_agree(OpCtx& c, HostGroup* h, const void* in, size_t in_bytes, vo
   }
   co_await exchange_mailboxes(c, h, &ok, 1, got);
   agreed = std::all_of(got.begin(), got.end(), [](char x) { return x != 0; });
+  if (agreed && !h->zero_copy_logged) {
+    h->zero_copy_logged = true;
+    TORUS_LOG_DEBUG("{}: every local rank's buffers are shared host memory: zero-copy host path",
+                    c.info().describe());
+  }
 }
 
 // The last round of a zero-copy op: every rank has finished reading the

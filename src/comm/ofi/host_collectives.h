@@ -63,8 +63,9 @@ struct HostGroup {
   size_t nt_bytes = size_t{16} << 20;  // ops this large write results with non-temporal stores
   unsigned spin_pauses = 128;          // inline waits: pauses before the first yield (spin.h)
   size_t eager_bytes = 16 << 10;       // one-round ops through the in-slots up to this (OfiOptions)
-  size_t zero_copy_bytes = 256 << 10;  // Note [Zero-copy host ops] from this many bytes per rank; 0: never
+  size_t zero_copy_bytes = 64 << 10;   // Note [Zero-copy host ops] from this many bytes per rank; 0: never
   std::unique_ptr<PeerMappings> peers = std::make_unique<PeerMappings>();  // the peers' shared buffers
+  bool zero_copy_logged = false;       // the first zero-copy op of the group is logged (debug)
   std::vector<const char*> srcs;       // scratch: the sources of one combine
   std::vector<float> acc;              // scratch: f32 accumulator of an inline half combine
   Clock::time_point next_liveness_check{};

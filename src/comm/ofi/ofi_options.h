@@ -52,7 +52,7 @@ struct OfiOptions {
   // bytes per rank check whether every rank's buffers are shared host
   // memory, and if so skip the staging stripes (Note [Zero-copy host ops]).
   // 0: never check. Must be the same on every rank.
-  size_t shm_zero_copy_bytes = size_t{256} << 10;  // TORUS_OFI_SHM_ZERO_COPY_BYTES
+  size_t shm_zero_copy_bytes = size_t{64} << 10;   // TORUS_OFI_SHM_ZERO_COPY_BYTES
 
   // Algorithms over the provider.
   size_t rd_max_bytes = size_t{32} << 10;      // TORUS_OFI_RD_MAX_BYTES: all_reduce <= this: recursive doubling, above: ring

@@ -121,7 +121,11 @@ void DistributedDataParallel::init(std::vector<NamedParameter> params) {
     Bucket b;
     b.index = static_cast<int>(buckets_.size());
     const at::Tensor& first = hooked[plan.params.front()].tensor;
-    b.flat = at::zeros({plan.numel}, first.options().requires_grad(false));
+    if (options_.shared_host_buckets && first.device().is_cpu()) {
+      b.flat = comm::shared_host_zeros({plan.numel}, first.scalar_type());
+    } else {
+      b.flat = at::zeros({plan.numel}, first.options().requires_grad(false));
+    }
     const bool partial = hooked[plan.params.front()].spec.tp_partial_grad;
     b.group = partial ? partial_group : groups_.dp;
     if (partial) {

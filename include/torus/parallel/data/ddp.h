@@ -66,6 +66,11 @@ struct DDPOptions {
   bool overlap = true;               // start buckets from backward hooks as they fill
   bool finish_in_backward = true;    // wait for every bucket when backward ends
   bool broadcast_parameters = true;  // copy dp rank 0's parameters at construction
+  // CPU buckets live in shared host memory (comm::shared_host_zeros), so
+  // that the ofi backend's same-host all_reduce reads and writes the peers'
+  // buckets directly (Note [Zero-copy host ops]); other backends are not
+  // affected.
+  bool shared_host_buckets = true;
 };
 
 // One parameter handed to the wrapper.
