@@ -10,6 +10,15 @@ target_link_libraries(torus_dp_tests PRIVATE torus_test_main torus)
 foreach(_np 1 2 3 4)
   torus_add_mpi_test(NAME ddp_np${_np} TARGET torus_dp_tests NP ${_np} LABELS "parallel" TIMEOUT 240)
 endforeach()
+# The same on the ofi backend, where the buckets (shared host memory) take
+# the zero-copy host path (forced from the smallest sizes: the test models
+# are small).
+if(TORUS_WITH_OFI)
+  foreach(_np 2 3)
+    torus_add_mpi_test(NAME ddp_ofi_np${_np} TARGET torus_dp_tests NP ${_np} LABELS "parallel;ofi" TIMEOUT 240
+                       ENV TORUS_BACKEND=ofi FI_PROVIDER=shm TORUS_OFI_SHM_ZERO_COPY_BYTES=1 TORUS_OFI_SHM_EAGER_BYTES=0)
+  endforeach()
+endif()
 
 # pytest tests of torus.parallel / torus.models, on every rank under mpirun.
 if(TORUS_BUILD_PYTHON)
