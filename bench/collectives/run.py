@@ -6,7 +6,8 @@ for 2 and 4 ranks, beside the single-core memcpy probe.
     python3 bench/collectives/run.py --build-dir build [--quick]
 
 For each rank count and backend it starts one mpirun of the backend's program
-(torus-bench-comm --backend ofi|mpi, torus-bench-mpi-peer, gloo_peer.py) over
+(torus-bench-comm --backend ofi|mpi, the same with --buffers shared for
+"ofi shared bufs", torus-bench-mpi-peer, gloo_peer.py) over
 all_reduce, reduce_scatter, all_gather, all_to_all and broadcast, 8 B to
 256 MiB, f32 sum. Every program verifies every size it measures (#wrong) and
 reports the median over iterations of the slowest rank's time per op (bench/
@@ -46,9 +47,14 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 OPS = ["all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast"]
-BACKENDS = ["ofi", "mpi", "openmpi", "gloo"]
-LABEL = {"ofi": "torus ofi", "mpi": "torus mpi", "openmpi": "Open MPI", "gloo": "gloo"}
-COLOR = {"ofi": "tab:blue", "mpi": "tab:orange", "openmpi": "tab:green", "gloo": "tab:red"}
+# "ofi-shared": the ofi backend on buffers from torus::comm::shared_host_alloc
+# (Note [Shared host buffers]), which take the zero-copy host path.
+BACKENDS = ["ofi", "ofi-shared", "mpi", "openmpi", "gloo"]
+OFI_VARIANTS = ["ofi", "ofi-shared"]
+LABEL = {"ofi": "torus ofi", "ofi-shared": "ofi shared bufs", "mpi": "torus mpi", "openmpi": "Open MPI",
+         "gloo": "gloo"}
+COLOR = {"ofi": "tab:blue", "ofi-shared": "tab:purple", "mpi": "tab:orange", "openmpi": "tab:green",
+         "gloo": "tab:red"}
 # The placement torch.distributed uses, which every backend here also has.
 IN_PLACE = {"all_reduce": True, "broadcast": True, "reduce": True,
             "reduce_scatter": False, "all_gather": False, "all_to_all": False}
@@ -105,12 +111,13 @@ class Runner:
             r = subprocess.run([str(comm), "--list-backends"], capture_output=True, text=True)
             built = r.stdout.split() if r.returncode == 0 else []
         for b in self.args.backends:
-            if b in ("ofi", "mpi"):
+            if b in ("ofi", "ofi-shared", "mpi"):
+                be = "ofi" if b == "ofi-shared" else b
                 if not comm.exists():
                     self.skipped[b] = f"{comm} not built (configure with -DTORUS_BUILD_BENCH=ON, build torus_bench_comm)"
-                elif b not in built:
-                    self.skipped[b] = f"the '{b}' host backend is not built into this Torus (built: {', '.join(built) or 'none'})"
-                elif b == "ofi" and shutil.which("fi_info") and subprocess.run(
+                elif be not in built:
+                    self.skipped[b] = f"the '{be}' host backend is not built into this Torus (built: {', '.join(built) or 'none'})"
+                elif be == "ofi" and shutil.which("fi_info") and subprocess.run(
                         ["fi_info", "-p", "shm"], capture_output=True).returncode != 0:
                     self.skipped[b] = "libfabric has no usable 'shm' provider (fi_info -p shm fails)"
                 else:
@@ -145,14 +152,16 @@ class Runner:
         """The mpirun command line and the variables it exports to the ranks
         (`sweep`: the program's sweep flags, default the run's)."""
         env = {"TORUS_LOG_LEVEL": "warn", "OMP_NUM_THREADS": "1"}
-        if backend in ("ofi", "mpi"):
-            prog = [str(self.bench / "torus-bench-comm"), "--backend", backend]
+        if backend in ("ofi", "ofi-shared", "mpi"):
+            prog = [str(self.bench / "torus-bench-comm"), "--backend", "mpi" if backend == "mpi" else "ofi"]
+            if backend == "ofi-shared":
+                prog += ["--buffers", "shared"]
             # One host: the store listens on loopback at an address given up
             # front, so the bootstrap needs no hand-off through MPI (the ofi
             # runs then never initialise MPI), with a fresh job token.
             env.update({"TORUS_MASTER_ADDR": "127.0.0.1", "TORUS_MASTER_PORT": str(free_port()),
                         "TORUS_JOB_TOKEN": secrets.token_hex(32)})
-            if backend == "ofi":
+            if backend != "mpi":
                 env["FI_PROVIDER"] = "shm"
         elif backend == "openmpi":
             prog = [str(self.bench / "torus-bench-mpi-peer")]
@@ -184,6 +193,8 @@ class Runner:
         took = time.monotonic() - t0
         records = json.loads(json_path.read_text()) if json_path.exists() else []
         records = [r for r in records if "op" in r]
+        if backend == "ofi-shared":  # the program says "ofi"
+            records = [{**r, "backend": backend, "buffers": "shared"} for r in records]
         wrong = sum(r["wrong"] for r in records if r.get("wrong", -1) > 0)
         if rc != 0 and not (rc == 2 and records):
             tail = log_path.read_text().strip().splitlines()[-3:]
@@ -299,44 +310,46 @@ def ratio(a, b):
 
 
 def goal_table(records, probe_gbps, pair_gbps=None):
-    """The goal rows of the ofi issue with their ratios, both placements; and
-    the 64 MiB busbw against the two-copies-at-once probe, the rate DRAM gives
-    each of two ranks streaming together (the limit of a 2-rank all_reduce)."""
+    """The goal rows of the ofi issue, both placements: every backend's value,
+    then the ratios of each ofi variant (ordinary and shared buffers); and
+    the 64 MiB busbw against the two-copies-at-once probe, the rate DRAM
+    gives each of two ranks streaming together."""
+    cols = [b for b in BACKENDS if any(r["backend"] == b for r in records)]
     lines = ["\n## Goal rows from the sweep (2 ranks, f32 all_reduce)"]
-    head = (f"{'row':<34}{'torus ofi':>11}{'torus mpi':>11}{'Open MPI':>11}{'gloo':>11}{'memcpy':>9}"
-            f"{'ofi/OMPI':>10}{'ofi/tmpi':>10}{'ofi/gloo':>10}{'ofi/memcpy':>11}")
+    head = f"{'row':<34}" + "".join(f"{LABEL[b]:>16}" for b in cols) + f"{'memcpy':>9}"
     lines += [head, "-" * len(head)]
+    rows = []
     for in_place in (False, True):
         place = "in place" if in_place else "out of place"
-        for what, nbytes, key, better in (("busbw GB/s", 64 * MiB, "busbw_gbps", "higher"),
-                                          ("latency us", 8, "time_us", "lower")):
+        for what, nbytes, key in (("busbw GB/s", 64 * MiB, "busbw_gbps"), ("latency us", 8, "time_us")):
             vals = {}
-            for b in BACKENDS:
+            for b in cols:
                 # gloo's all_reduce exists in place only; its value stands in both rows.
                 r = one(records, b, "all_reduce", 2, nbytes, True if b == "gloo" else in_place)
                 vals[b] = r[key] if r else None
-            fmt = (lambda v: f"{v:11.3f}" if v is not None else f"{'-':>11}")
+            fmt = (lambda v: f"{v:16.3f}" if v is not None else f"{'-':>16}")
             label = f"{human(nbytes)} {what} ({place})"
-            if key == "busbw_gbps":
-                rs = [ratio(vals["ofi"], vals["openmpi"]), ratio(vals["ofi"], vals["mpi"]),
-                      ratio(vals["ofi"], vals["gloo"]), ratio(vals["ofi"], probe_gbps)]
-                mem = f"{probe_gbps:9.2f}" if probe_gbps else f"{'-':>9}"
-            else:  # for latency the ratio is ofi time over the other's: <= 1 means ofi is as fast or faster
-                rs = [ratio(vals["ofi"], vals["openmpi"]), ratio(vals["ofi"], vals["mpi"]),
-                      ratio(vals["ofi"], vals["gloo"]), "-"]
-                mem = f"{'-':>9}"
-            lines.append(f"{label:<34}" + "".join(fmt(vals[b]) for b in BACKENDS) + mem +
-                         f"{rs[0]:>10}{rs[1]:>10}{rs[2]:>10}{rs[3]:>11}")
-    lines.append("Goals: busbw ofi/OMPI >= 2x, ofi/gloo >= 3x, ofi/memcpy >= 0.5x; "
-                 "latency ofi/OMPI <= 1x (a time ratio).")
+            mem = f"{probe_gbps:9.2f}" if probe_gbps and key == "busbw_gbps" else f"{'-':>9}"
+            lines.append(f"{label:<34}" + "".join(fmt(vals[b]) for b in cols) + mem)
+            rows.append((label, key, vals))
+    head = f"{'ratios':<52}{'x OMPI':>9}{'x tmpi':>9}{'x gloo':>9}{'x memcpy':>10}"
+    lines += ["", head, "-" * len(head)]
+    for v in [b for b in OFI_VARIANTS if b in cols]:
+        for label, key, vals in rows:
+            g = vals.get
+            mem = ratio(g(v), probe_gbps) if key == "busbw_gbps" else "-"
+            lines.append(f"{LABEL[v] + ', ' + label:<52}{ratio(g(v), g('openmpi')):>9}{ratio(g(v), g('mpi')):>9}"
+                         f"{ratio(g(v), g('gloo')):>9}{mem:>10}")
+    lines.append("Goals: busbw x OMPI >= 2, x gloo >= 3, x memcpy >= 0.5; latency x OMPI <= 1 (a time ratio).")
     if pair_gbps and probe_gbps:
         lines.append(f"Limit: two memcpys at once get {pair_gbps:.2f} GB/s each = {pair_gbps / probe_gbps:.2f}x the "
                      "1-core probe; a 2-rank all_reduce reads and writes at least as much per rank.")
-        for in_place in (False, True):
-            r = one(records, "ofi", "all_reduce", 2, 64 * MiB, in_place)
-            if r:
-                lines.append(f"  torus ofi 64 MiB busbw ({'in place' if in_place else 'out of place'}): "
-                             f"{r['busbw_gbps'] / pair_gbps:.2f}x that limit")
+        for v in [b for b in OFI_VARIANTS if b in cols]:
+            for in_place in (False, True):
+                r = one(records, v, "all_reduce", 2, 64 * MiB, in_place)
+                if r:
+                    lines.append(f"  {LABEL[v]} 64 MiB busbw ({'in place' if in_place else 'out of place'}): "
+                                 f"{r['busbw_gbps'] / pair_gbps:.2f}x that limit")
     return lines
 
 
@@ -350,7 +363,8 @@ def median(v):
 
 def goal_rounds_table(rounds_records, rounds):
     """The goal rows from the interleaved rounds (Note [Goal rounds]):
-    medians over rounds, and how many rounds met each goal within the round."""
+    medians over rounds, and for each ofi variant its ratios and how many
+    rounds met each goal within the round."""
     def value(k, b, nbytes, key, in_place):
         for r in rounds_records:
             if (r.get("goal_round") == k and r.get("backend") == b and r.get("op") == "all_reduce"
@@ -364,6 +378,7 @@ def goal_rounds_table(rounds_records, rounds):
                 return r["gbps"]
         return None
 
+    cols = [b for b in BACKENDS if any(r.get("backend") == b for r in rounds_records)]
     ks = range(1, rounds + 1)
     lines = [f"\n## Goal rows, {rounds} interleaved rounds (2 ranks, f32 all_reduce; median over rounds, and the "
              "rounds in which the goal held within the round)"]
@@ -371,40 +386,44 @@ def goal_rounds_table(rounds_records, rounds):
     pair = [probe(k, True) for k in ks]
     lines.append("memcpy probe per round, 1 core: " + ", ".join(f"{g:.2f}" if g else "-" for g in single) +
                  " GB/s; two at once, each: " + ", ".join(f"{g:.2f}" if g else "-" for g in pair) + " GB/s")
-    head = (f"{'row':<34}{'torus ofi':>11}{'torus mpi':>11}{'Open MPI':>11}{'gloo':>11}"
-            f"{'ofi/OMPI':>10}{'ofi/gloo':>10}{'ofi/memcpy':>11}{'goal met':>10}")
+    head = f"{'row':<34}" + "".join(f"{LABEL[b]:>16}" for b in cols)
     lines += [head, "-" * len(head)]
-    fmt = (lambda v: f"{v:11.3f}" if v is not None else f"{'-':>11}")
+    fmt = (lambda v: f"{v:16.3f}" if v is not None else f"{'-':>16}")
+    rows = []
     for in_place in (False, True):
         place = "in place" if in_place else "out of place"
         for what, nbytes, key in (("busbw GB/s", 64 * MiB, "busbw_gbps"), ("latency us", 8, "time_us")):
-            per = {b: [value(k, b, nbytes, key, in_place) for k in ks] for b in BACKENDS}
-            med = {b: median(per[b]) for b in BACKENDS}
+            per = {b: [value(k, b, nbytes, key, in_place) for k in ks] for b in cols}
+            med = {b: median(per[b]) for b in cols}
             label = f"{human(nbytes)} {what} ({place})"
+            lines.append(f"{label:<34}" + "".join(fmt(med[b]) for b in cols))
+            rows.append((label, key, in_place, per, med))
+    head = f"{'ratios of the medians':<52}{'x OMPI':>9}{'x gloo':>9}{'x memcpy':>10}{'goal met':>10}"
+    lines += ["", head, "-" * len(head)]
+    for v in [b for b in OFI_VARIANTS if b in cols]:
+        for label, key, in_place, per, med in rows:
+            pv, po, pg = per[v], per.get("openmpi", [None] * rounds), per.get("gloo", [None] * rounds)
             if key == "busbw_gbps":
-                met = sum(1 for i in range(rounds) if per["ofi"][i] and per["openmpi"][i] and per["gloo"][i]
-                          and single[i] and per["ofi"][i] >= 2 * per["openmpi"][i]
-                          and per["ofi"][i] >= 3 * per["gloo"][i] and per["ofi"][i] >= 0.5 * single[i])
-                rs = [ratio(med["ofi"], med["openmpi"]), ratio(med["ofi"], med["gloo"]),
-                      ratio(med["ofi"], median(single))]
+                met = sum(1 for i in range(rounds) if pv[i] and po[i] and pg[i] and single[i]
+                          and pv[i] >= 2 * po[i] and pv[i] >= 3 * pg[i] and pv[i] >= 0.5 * single[i])
+                mem = ratio(med[v], median(single))
             else:
-                met = sum(1 for i in range(rounds) if per["ofi"][i] is not None and per["openmpi"][i] is not None
-                          and per["ofi"][i] <= per["openmpi"][i])
-                rs = [ratio(med["ofi"], med["openmpi"]), ratio(med["ofi"], med["gloo"]), "-"]
-            lines.append(f"{label:<34}" + "".join(fmt(med[b]) for b in BACKENDS) +
-                         f"{rs[0]:>10}{rs[1]:>10}{rs[2]:>11}{f'{met}/{rounds}':>10}")
-        for what, nbytes, key in (("busbw", 64 * MiB, "busbw_gbps"), ("latency", 8, "time_us")):
-            per_round = []
-            for k in ks:
-                o, m = value(k, "ofi", nbytes, key, in_place), value(k, "openmpi", nbytes, key, in_place)
-                per_round.append(ratio(o, m))
-            lines.append(f"  ofi/OMPI {what} ({place}) per round: " + ", ".join(per_round))
-        per_round = [ratio(value(k, "ofi", 64 * MiB, "busbw_gbps", in_place), single[k - 1]) for k in ks]
-        lines.append(f"  ofi busbw / 1-core memcpy ({place}) per round: " + ", ".join(per_round))
-        per_round = [ratio(value(k, "ofi", 64 * MiB, "busbw_gbps", in_place), pair[k - 1]) for k in ks]
-        lines.append(f"  ofi busbw / two-at-once memcpy, the DRAM limit ({place}) per round: " + ", ".join(per_round))
-    lines.append("Goals met in a round: busbw ofi >= 2x Open MPI, >= 3x gloo and >= 0.5x that round's 1-core "
-                 "memcpy probe; latency ofi <= Open MPI.")
+                met = sum(1 for i in range(rounds) if pv[i] is not None and po[i] is not None and pv[i] <= po[i])
+                mem = "-"
+            lines.append(f"{LABEL[v] + ', ' + label:<52}{ratio(med[v], med.get('openmpi')):>9}"
+                         f"{ratio(med[v], med.get('gloo')):>9}{mem:>10}{f'{met}/{rounds}':>10}")
+        for in_place in (False, True):
+            place = "in place" if in_place else "out of place"
+            for what, nbytes, key in (("busbw", 64 * MiB, "busbw_gbps"), ("latency", 8, "time_us")):
+                per_round = [ratio(value(k, v, nbytes, key, in_place), value(k, "openmpi", nbytes, key, in_place))
+                             for k in ks]
+                lines.append(f"  {LABEL[v]} / OMPI {what} ({place}) per round: " + ", ".join(per_round))
+            per_round = [ratio(value(k, v, 64 * MiB, "busbw_gbps", in_place), single[k - 1]) for k in ks]
+            lines.append(f"  {LABEL[v]} busbw / 1-core memcpy ({place}) per round: " + ", ".join(per_round))
+            per_round = [ratio(value(k, v, 64 * MiB, "busbw_gbps", in_place), pair[k - 1]) for k in ks]
+            lines.append(f"  {LABEL[v]} busbw / two-at-once memcpy ({place}) per round: " + ", ".join(per_round))
+    lines.append("Goals met in a round: busbw >= 2x Open MPI, >= 3x gloo and >= 0.5x that round's 1-core "
+                 "memcpy probe; latency <= Open MPI.")
     return lines
 
 

@@ -1,9 +1,9 @@
 // Shared host buffers (torus/comm/shared_host.h) and the zero-copy host
 // path they enable (Note [Zero-copy host ops] in host_collectives.h): the
-// allocator's bookkeeping; all_reduce, reduce_scatter and all_gather on
-// 2-4 ranks against closed forms, for every dtype kind, in and out of
-// place, with aligned and unaligned buffers, with cached and non-temporal
-// stores; ranks mixing shared and ordinary buffers fall back to the stripes
+// allocator's bookkeeping; all_reduce, reduce_scatter, all_gather and
+// broadcast on 2-4 ranks against closed forms, for every dtype kind, in and
+// out of place, with aligned and unaligned buffers, with cached and
+// non-temporal stores; ranks mixing shared and ordinary buffers fall back to the stripes
 // with the same results; more regions than a group keeps mapped; a dead
 // peer is named.
 #include <gtest/gtest.h>
@@ -90,7 +90,7 @@ JobSpec zero_copy_job(int n, bool force_nt) {
 }
 
 // Runs all_reduce (f32 sum/avg, i32 max, bf16 sum, f64 max), reduce_scatter
-// (f32 sum, bf16 avg) and all_gather (f32, u8) on shared buffers skewed by
+// (f32 sum, bf16 avg), all_gather (f32, u8) and broadcast on shared buffers skewed by
 // `skew` bytes, in and out of place; returns how many ops it issued.
 uint64_t check_all_kinds(Backend& b, size_t count, size_t skew) {
   const int n = b.size(), me = b.rank();
@@ -164,6 +164,15 @@ uint64_t check_all_kinds(Backend& b, size_t count, size_t skew) {
     require_values(bytes.vec(), [&](size_t i) { return contribution(static_cast<int>(i / count), i % count); },
                    "all_gather u8 in place" + c);
     ops += 2;
+  }
+  {
+    // broadcast from the last rank
+    const int root = n - 1;
+    SharedVec<float> buf(count, skew);
+    for (size_t i = 0; i < count; ++i) buf[i] = me == root ? static_cast<float>(contribution(root, i)) : -1.f;
+    b.broadcast(buf.data(), count, DType::kF32, root, kT)->wait();
+    require_values(buf.vec(), [&](size_t i) { return contribution(root, i); }, "broadcast" + c);
+    ops += 1;
   }
   return ops;
 }

@@ -842,6 +842,17 @@ Task host_broadcast(OpCtx& c, HostGroup* h, void* buf_v, size_t bytes, int root)
     signal(h, Counter::kConsumed, r);
     co_return;
   }
+  if (zero_copy_wanted(h, bytes)) {
+    bool agreed = false;
+    ZeroCopyViews v;
+    co_await zero_copy_agree(c, h, buf, bytes, buf, bytes, agreed, v);
+    if (agreed) {
+      // Every other rank copies the root's buffer; the root waits for them.
+      if (me != root) zero_copy_put(h, bytes, buf, v.in[static_cast<size_t>(root)], bytes);
+      co_await zero_copy_done(c, h);
+      co_return;
+    }
+  }
   const size_t S = static_cast<size_t>(s.local_size()) * s.stripe_bytes();
   const size_t rounds = algo::chunks_of(bytes, S);
   for (size_t t = 0; t < rounds; ++t) {
