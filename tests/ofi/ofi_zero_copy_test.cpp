@@ -1,7 +1,7 @@
 // Shared host buffers (torus/comm/shared_host.h) and the zero-copy host
 // path they enable (Note [Zero-copy host ops] in host_collectives.h): the
-// allocator's bookkeeping; all_reduce, reduce_scatter, all_gather and
-// broadcast on 2-4 ranks against closed forms, for every dtype kind, in and
+// allocator's bookkeeping; all_reduce, reduce_scatter, all_gather,
+// broadcast and all_to_all on 2-4 ranks against closed forms, for every dtype kind, in and
 // out of place, with aligned and unaligned buffers, with cached and
 // non-temporal stores; ranks mixing shared and ordinary buffers fall back to the stripes
 // with the same results; more regions than a group keeps mapped; a dead
@@ -174,6 +174,16 @@ uint64_t check_all_kinds(Backend& b, size_t count, size_t skew) {
     require_values(buf.vec(), [&](size_t i) { return contribution(root, i); }, "broadcast" + c);
     ops += 1;
   }
+  {
+    // all_to_all, equal blocks: block q of rank r's input goes to rank q.
+    SharedVec<float> in(un * count, skew), out(un * count, skew);
+    for (size_t i = 0; i < un * count; ++i) in[i] = static_cast<float>(contribution(me, i)), out[i] = -1.f;
+    std::vector<size_t> counts(un, count);
+    b.all_to_all(in.data(), out.data(), counts, counts, DType::kF32, kT)->wait();
+    require_values(out.vec(), [&](size_t i) { return contribution(static_cast<int>(i / count), um * count + i % count); },
+                   "all_to_all" + c);
+    ops += 1;
+  }
   return ops;
 }
 
@@ -220,6 +230,26 @@ TEST(ZeroCopy, MixedBuffersFallBackToTheStripes) {
     std::vector<float> g = rank == 2 ? gathered : sg.vec();
     require_values(g, [&](size_t i) { return contribution(static_cast<int>(i / count), i % count); },
                    "mixed all_gather");
+    // Shared buffers but uneven all_to_all blocks: the stripes too.
+    std::vector<size_t> send(static_cast<size_t>(n)), recv(static_cast<size_t>(n));
+    for (int q = 0; q < n; ++q) {
+      send[static_cast<size_t>(q)] = 20000 + static_cast<size_t>(rank * n + q);  // to q
+      recv[static_cast<size_t>(q)] = 20000 + static_cast<size_t>(q * n + rank);  // from q
+    }
+    size_t sends = 0, recvs = 0;
+    for (int q = 0; q < n; ++q) sends += send[static_cast<size_t>(q)], recvs += recv[static_cast<size_t>(q)];
+    SharedVec<float> a_in(sends), a_out(recvs);
+    for (size_t i = 0; i < sends; ++i) a_in[i] = static_cast<float>(rank * 1000000 + static_cast<int>(i));
+    b.all_to_all(a_in.data(), a_out.data(), send, recv, DType::kF32, kT)->wait();
+    size_t at = 0;
+    for (int q = 0; q < n; ++q) {
+      size_t off = 0;  // where q's block for this rank starts in q's input
+      for (int p = 0; p < rank; ++p) off += 20000 + static_cast<size_t>(q * n + p);
+      for (size_t i = 0; i < recv[static_cast<size_t>(q)]; ++i, ++at) {
+        require(a_out[at] == static_cast<float>(q * 1000000 + static_cast<int>(off + i)),
+                "uneven all_to_all: element " + std::to_string(at) + " from rank " + std::to_string(q));
+      }
+    }
     require(host_zero_copy_ops() == before, "an op with ordinary buffers took the zero-copy path");
     // And all shared again: zero-copy.
     b.all_reduce(in.data(), out.data(), count, DType::kF32, ReduceOp::kSum, kT)->wait();

@@ -888,19 +888,41 @@ Task host_all_to_all(OpCtx& c, HostGroup* h, const void* in_v, void* out_v, std:
     total += recv_counts[q] * elt;
   }
   // Only the pairs know their block sizes: agree on the number of rounds
-  // through the mailboxes first.
+  // through the mailboxes first, and on whether every rank's blocks are all
+  // the same size and large enough to try the zero-copy path.
+  const bool uniform = std::all_of(send_counts.begin(), send_counts.end(),
+                                   [&](size_t n) { return n == send_counts[0]; }) &&
+                       std::all_of(recv_counts.begin(), recv_counts.end(),
+                                   [&](size_t n) { return n == send_counts[0]; });
   uint64_t most = largest;
+  bool all_zero_copy = true;
   {
+    const uint64_t mine[2] = {largest, uniform && send_counts[0] > 0 && zero_copy_wanted(h, total) ? 1u : 0u};
     const uint64_t r = ++h->round;
     co_await wait_mailbox_free(c, h, r);
-    publish_mailbox(h, r, &most, sizeof(most));
+    publish_mailbox(h, r, mine, sizeof(mine));
     co_await wait_mailboxes(c, h, r);
     for (int q = 0; q < L; ++q) {
-      uint64_t v;
-      std::memcpy(&v, s.mailbox(q, r).data, sizeof(v));
-      most = std::max(most, v);
+      uint64_t v[2];
+      std::memcpy(v, q == me ? mine : reinterpret_cast<const uint64_t*>(s.mailbox(q, r).data), sizeof(v));
+      most = std::max(most, v[0]);
+      all_zero_copy = all_zero_copy && v[1] != 0;
     }
     signal(h, Counter::kConsumed, r);
+  }
+  if (all_zero_copy) {
+    // Every rank copies block `me` of every input into its own output.
+    const size_t block = send_counts[0] * elt;
+    bool agreed = false;
+    ZeroCopyViews v;
+    co_await zero_copy_agree(c, h, in, total, out, total, agreed, v);
+    if (agreed) {
+      for (size_t q = 0; q < static_cast<size_t>(L); ++q) {
+        zero_copy_put(h, total, out + q * block, v.in[q] + um * block, block);
+      }
+      co_await zero_copy_done(c, h);
+      co_return;
+    }
   }
   copy_bytes(out + rdispl[um], in + sdispl[um], send_counts[um] * elt);
   const size_t rounds = algo::chunks_of(most, stripe);

@@ -48,10 +48,11 @@ struct OfiOptions {
   // ones at 4 and 8 MiB (all_reduce, all_gather, all_to_all on 2 ranks);
   // from 16 MiB on the two were alike.
   size_t shm_nt_bytes = size_t{16} << 20;      // TORUS_OFI_SHM_NT_BYTES
-  // all_reduce, reduce_scatter, all_gather and broadcast moving at least this many
-  // bytes per rank check whether every rank's buffers are shared host
-  // memory, and if so skip the staging stripes (Note [Zero-copy host ops]).
-  // 0: never check. Must be the same on every rank.
+  // all_reduce, reduce_scatter, all_gather, broadcast and all_to_all (equal
+  // blocks) moving at least this many bytes per rank check whether every
+  // rank's buffers are shared host memory, and if so skip the staging
+  // stripes (Note [Zero-copy host ops]). 0: never check. Must be the same
+  // on every rank.
   size_t shm_zero_copy_bytes = size_t{64} << 10;   // TORUS_OFI_SHM_ZERO_COPY_BYTES
 
   // Algorithms over the provider.
