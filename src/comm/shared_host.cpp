@@ -2,6 +2,7 @@
 #include "torus/comm/shared_host.h"
 
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -16,15 +17,16 @@ namespace torus::comm {
 namespace {
 
 struct Region {
-  uint64_t id;
+  uint32_t id;
   int fd;
+  uint64_t inode;
   size_t bytes;
 };
 
 struct Registry {
   std::mutex mu;
   std::map<uintptr_t, Region> by_base;  // start address -> region
-  uint64_t next_id = 1;
+  uint32_t next_id = 1;
 };
 
 Registry& registry() {
@@ -45,7 +47,8 @@ void* shared_host_alloc(size_t bytes) {
     ::close(fd);
     throw CommError(fmt::format("shared_host_alloc({}): ftruncate failed: {}", bytes, std::strerror(err)));
   }
-  void* p = ::mmap(nullptr, rounded, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  struct stat st{};
+  void* p = ::fstat(fd, &st) == 0 ? ::mmap(nullptr, rounded, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
   if (p == MAP_FAILED) {
     const int err = errno;
     ::close(fd);
@@ -53,7 +56,9 @@ void* shared_host_alloc(size_t bytes) {
   }
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
-  r.by_base.emplace(reinterpret_cast<uintptr_t>(p), Region{r.next_id++, fd, rounded});
+  const uint32_t id = r.next_id++;
+  if (r.next_id == 0) r.next_id = 1;  // 0 means "not shared" to the peers
+  r.by_base.emplace(reinterpret_cast<uintptr_t>(p), Region{id, fd, static_cast<uint64_t>(st.st_ino), rounded});
   return p;
 }
 
@@ -84,7 +89,7 @@ std::optional<SharedHostSpan> find_shared_host(const void* p, size_t bytes) {
   const size_t off = a - it->first;
   const Region& g = it->second;
   if (off >= g.bytes || bytes > g.bytes - off) return std::nullopt;
-  return SharedHostSpan{g.id, g.fd, off, g.bytes};
+  return SharedHostSpan{g.id, g.fd, g.inode, off, g.bytes};
 }
 
 }  // namespace torus::comm

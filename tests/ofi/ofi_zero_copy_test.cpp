@@ -1,6 +1,6 @@
 // Shared host buffers (torus/comm/shared_host.h) and the zero-copy host
 // path they enable (Note [Zero-copy host ops] in host_collectives.h): the
-// allocator's bookkeeping; all_reduce, reduce_scatter, all_gather,
+// allocator's bookkeeping; a group's mappings of its peers' regions; all_reduce, reduce_scatter, all_gather,
 // broadcast and all_to_all on 2-4 ranks against closed forms, for every dtype kind, in and
 // out of place, with aligned and unaligned buffers, with cached and
 // non-temporal stores; ranks mixing shared and ordinary buffers fall back to the stripes
@@ -8,12 +8,14 @@
 // peer is named.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <thread>
 
 #include "collective_checks.h"
 #include "comm/ofi/host_collectives.h"
+#include "comm/ofi/peer_mappings.h"
 #include "torus/comm/shared_host.h"
 #include "torus/core/error.h"
 
@@ -80,6 +82,38 @@ TEST(SharedHost, AllocationsAreFoundAndFreed) {
   EXPECT_GT(span_r->id, span_q->id);
   shared_host_free(r);
   shared_host_free(q);
+}
+
+// A group's view of its peers' regions, here of this process's own: the
+// mapping aliases the allocation; another inode, a short file or a closed
+// descriptor map nothing; the least recently used mapping goes first.
+TEST(SharedHost, PeerMappingsCheckTheFileAndEvict) {
+  const int pid = static_cast<int>(::getpid());
+  char* a = static_cast<char*>(shared_host_alloc(8192));
+  char* b = static_cast<char*>(shared_host_alloc(8192));
+  char* c = static_cast<char*>(shared_host_alloc(8192));
+  auto sa = *find_shared_host(a, 1), sb = *find_shared_host(b, 1), sc = *find_shared_host(c, 1);
+  PeerMappings maps(2);
+  char* ma = maps.map(pid, sa.id, sa.fd, sa.inode, 8192);
+  ASSERT_NE(ma, nullptr);
+  ASSERT_NE(ma, a) << "expected a second mapping of the same memory";
+  a[100] = 42;
+  EXPECT_EQ(ma[100], 42) << "the mapping does not alias the allocation";
+  ma[200] = 7;
+  EXPECT_EQ(a[200], 7);
+  EXPECT_EQ(maps.map(pid, sa.id, sa.fd, sa.inode, 4096), ma) << "not served from the cache";
+  EXPECT_EQ(maps.map(pid, sb.id, sb.fd, sa.inode, 4096), nullptr) << "another file's inode was accepted";
+  EXPECT_EQ(maps.map(pid, sb.id, sb.fd, sb.inode, 1 << 20), nullptr) << "a file too short was accepted";
+  EXPECT_EQ(maps.map(pid, 99999, 1 << 20, sb.inode, 1), nullptr) << "a closed descriptor was mapped";
+  ASSERT_NE(maps.map(pid, sb.id, sb.fd, sb.inode, 8192), nullptr);
+  EXPECT_EQ(maps.size(), 2u);
+  ASSERT_NE(maps.map(pid, sa.id, sa.fd, sa.inode, 8192), nullptr);  // a is now the most recent
+  ASSERT_NE(maps.map(pid, sc.id, sc.fd, sc.inode, 8192), nullptr);  // evicts b
+  EXPECT_EQ(maps.size(), 2u);
+  EXPECT_EQ(maps.map(pid, sa.id, sa.fd, sa.inode, 8192), ma) << "the most recently used mapping was evicted";
+  shared_host_free(a);
+  shared_host_free(b);
+  shared_host_free(c);
 }
 
 JobSpec zero_copy_job(int n, bool force_nt) {

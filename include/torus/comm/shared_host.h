@@ -14,7 +14,8 @@
 // when the process dies. A peer keeps its mapping of a region cached after
 // the op (up to a bounded number of regions per group), so the pages of a
 // freed region return to the system once the peers evict it or close the
-// group. Memory from here is zeroed and page aligned. Thread safe.
+// group. Memory from here is zeroed and page aligned. Each allocation holds
+// one file descriptor until it is freed. Thread safe.
 //
 //   void* p = torus::comm::shared_host_alloc(64 << 20);
 //   ... use p as the input and output of a collective ...
@@ -44,8 +45,9 @@ void shared_host_free(void* p);
 
 // Where [p, p + bytes) lies, when all of it is inside one live allocation.
 struct SharedHostSpan {
-  uint64_t id = 0;          // unique per allocation within this process (never reused)
+  uint32_t id = 0;          // per allocation within this process, from 1 (wraps after 2^32 - 1)
   int fd = -1;              // the allocation's file, for peers: /proc/<pid>/fd/<fd>
+  uint64_t inode = 0;       // of that file: a peer checks it is the file it opened
   size_t offset = 0;        // of p from the allocation's start
   size_t region_bytes = 0;  // size of the allocation
 };

@@ -254,9 +254,10 @@ bool spin_until(const HostGroup* h, std::chrono::nanoseconds spin, Ready ready) 
 
 // One rank's buffers of a zero-copy op, as published in its mailbox.
 struct ZeroCopyRef {
-  uint64_t in_id = 0, in_off = 0;    // id 0: not shared host memory
-  uint64_t out_id = 0, out_off = 0;
+  uint64_t in_off = 0, out_off = 0;
   uint64_t in_bytes = 0;             // the sizes check
+  uint64_t in_inode = 0, out_inode = 0;
+  uint32_t in_id = 0, out_id = 0;    // 0: not shared host memory
   int32_t in_fd = -1, out_fd = -1;
 };
 static_assert(sizeof(ZeroCopyRef) <= SegmentMailbox::kBytes);
@@ -274,8 +275,8 @@ ZeroCopyRef zero_copy_ref(const void* in, size_t in_bytes, const void* out, size
   auto i = find_shared_host(in, in_bytes);
   auto o = find_shared_host(out, out_bytes);
   if (!i || !o) return ref;
-  ref.in_id = i->id, ref.in_off = i->offset, ref.in_fd = i->fd;
-  ref.out_id = o->id, ref.out_off = o->offset, ref.out_fd = o->fd;
+  ref.in_id = i->id, ref.in_off = i->offset, ref.in_fd = i->fd, ref.in_inode = i->inode;
+  ref.out_id = o->id, ref.out_off = o->offset, ref.out_fd = o->fd, ref.out_inode = o->inode;
   return ref;
 }
 
@@ -332,8 +333,8 @@ Task zero_copy_agree(OpCtx& c, HostGroup* h, const void* in, size_t in_bytes, vo
       continue;
     }
     const int pid = s.control(q).pid;
-    char* i = h->peers->map(pid, ref.in_id, ref.in_fd, ref.in_off + in_bytes);
-    char* o = h->peers->map(pid, ref.out_id, ref.out_fd, ref.out_off + out_bytes);
+    char* i = h->peers->map(pid, ref.in_id, ref.in_fd, ref.in_inode, ref.in_off + in_bytes);
+    char* o = h->peers->map(pid, ref.out_id, ref.out_fd, ref.out_inode, ref.out_off + out_bytes);
     ok = i != nullptr && o != nullptr;
     if (ok) {
       v.in[static_cast<size_t>(q)] = i + ref.in_off;

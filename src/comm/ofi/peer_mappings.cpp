@@ -34,8 +34,8 @@ PeerMappings::~PeerMappings() {
   for (auto& [key, e] : entries_) ::munmap(e.base, e.bytes);
 }
 
-char* PeerMappings::map(int pid, uint64_t id, int fd, size_t need_bytes) {
-  const auto key = std::make_pair(pid, id);
+char* PeerMappings::map(int pid, uint32_t id, int fd, uint64_t inode, size_t need_bytes) {
+  const auto key = std::make_tuple(pid, id, inode);
   if (auto it = entries_.find(key); it != entries_.end()) {
     if (it->second.bytes < need_bytes) return nullptr;
     it->second.last_use = ++clock_;
@@ -48,7 +48,13 @@ char* PeerMappings::map(int pid, uint64_t id, int fd, size_t need_bytes) {
     return nullptr;
   }
   struct stat st{};
-  if (::fstat(f, &st) != 0 || static_cast<size_t>(st.st_size) < need_bytes || st.st_size == 0) {
+  if (::fstat(f, &st) != 0 || static_cast<uint64_t>(st.st_ino) != inode) {
+    report(warned_, "{} is not the region the peer published (inode {} against {})", path,
+           static_cast<unsigned long long>(st.st_ino), inode);
+    ::close(f);
+    return nullptr;
+  }
+  if (static_cast<size_t>(st.st_size) < need_bytes || st.st_size == 0) {
     report(warned_, "{} is {} bytes, {} needed", path, static_cast<long long>(st.st_size), need_bytes);
     ::close(f);
     return nullptr;

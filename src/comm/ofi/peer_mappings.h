@@ -1,16 +1,19 @@
 // Private: a group's mappings of its same-host peers' shared host regions
 // (Note [Shared host buffers] in torus/comm/shared_host.h).
 //
-// A region is found again by its owner's pid and the owner's region id
-// (ids are never reused within a process, so a cached mapping never stands
-// for a newer region). At most `max_regions` are kept; the least recently
+// A region is found again by its owner's pid, the owner's region id and the
+// file's inode (an id comes back only after 2^32 allocations, and then with
+// another inode unless the file is the same), so a cached mapping never
+// stands for a newer region. Opening checks the inode too: a pid that
+// names another process here (another pid namespace) fails the check
+// instead of mapping a stranger's file. At most `max_regions` are kept; the least recently
 // used is unmapped first. Not thread safe: the group's driver thread only.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <map>
-#include <utility>
+#include <tuple>
 
 namespace torus::comm::ofi {
 
@@ -21,11 +24,11 @@ class PeerMappings {
   PeerMappings(const PeerMappings&) = delete;
   PeerMappings& operator=(const PeerMappings&) = delete;
 
-  // Start of process `pid`'s region `id` (its file descriptor `fd` there),
-  // mapped on first use; nullptr when it cannot be opened or mapped, or is
-  // smaller than `need_bytes` (the first such failure is logged as a
+  // Start of process `pid`'s region `id` (its file descriptor `fd` there,
+  // whose inode is `inode`), mapped on first use; nullptr when it cannot be
+  // opened or mapped, is another file, or is smaller than `need_bytes` (the first such failure is logged as a
   // warning, later ones at debug level).
-  char* map(int pid, uint64_t id, int fd, size_t need_bytes);
+  char* map(int pid, uint32_t id, int fd, uint64_t inode, size_t need_bytes);
 
   size_t size() const { return entries_.size(); }
 
@@ -35,7 +38,7 @@ class PeerMappings {
     size_t bytes;
     uint64_t last_use;
   };
-  std::map<std::pair<int, uint64_t>, Entry> entries_;
+  std::map<std::tuple<int, uint32_t, uint64_t>, Entry> entries_;
   uint64_t clock_ = 0;
   size_t max_;
   bool warned_ = false;
