@@ -344,12 +344,14 @@ std::shared_ptr<ProcessGroup> ProcessGroup::new_group(const std::vector<int>& ra
 }
 
 at::Tensor shared_host_zeros(at::IntArrayRef sizes, c10::ScalarType dtype) {
-  int64_t numel = 1;
+  uint64_t bytes = c10::elementSize(dtype);
   for (int64_t d : sizes) {
     TORUS_CHECK(d >= 0, InvalidArgument, "shared_host_zeros: negative size {} in [{}]", d, fmt::join(sizes, ", "));
-    numel *= d;
+    TORUS_CHECK(!__builtin_mul_overflow(bytes, static_cast<uint64_t>(d), &bytes), InvalidArgument,
+                "shared_host_zeros: [{}] of {}-byte elements overflows", fmt::join(sizes, ", "),
+                c10::elementSize(dtype));
   }
-  const size_t bytes = std::max<size_t>(1, static_cast<size_t>(numel) * c10::elementSize(dtype));
+  bytes = std::max<uint64_t>(bytes, 1);
   void* p = shared_host_alloc(bytes);  // zeroed
   return at::from_blob(
       p, sizes, [](void* q) { shared_host_free(q); }, at::TensorOptions().dtype(dtype).device(at::kCPU));

@@ -48,17 +48,28 @@ void* shared_host_alloc(size_t bytes) {
     throw CommError(fmt::format("shared_host_alloc({}): ftruncate failed: {}", bytes, std::strerror(err)));
   }
   struct stat st{};
-  void* p = ::fstat(fd, &st) == 0 ? ::mmap(nullptr, rounded, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    throw CommError(fmt::format("shared_host_alloc({}): fstat failed: {}", bytes, std::strerror(err)));
+  }
+  void* p = ::mmap(nullptr, rounded, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) {
     const int err = errno;
     ::close(fd);
     throw CommError(fmt::format("shared_host_alloc({}): mmap failed: {}", bytes, std::strerror(err)));
   }
-  Registry& r = registry();
-  std::lock_guard<std::mutex> lock(r.mu);
-  const uint32_t id = r.next_id++;
-  if (r.next_id == 0) r.next_id = 1;  // 0 means "not shared" to the peers
-  r.by_base.emplace(reinterpret_cast<uintptr_t>(p), Region{id, fd, static_cast<uint64_t>(st.st_ino), rounded});
+  try {
+    Registry& r = registry();
+    std::lock_guard<std::mutex> lock(r.mu);
+    const uint32_t id = r.next_id++;
+    if (r.next_id == 0) r.next_id = 1;  // 0 means "not shared" to the peers
+    r.by_base.emplace(reinterpret_cast<uintptr_t>(p), Region{id, fd, static_cast<uint64_t>(st.st_ino), rounded});
+  } catch (...) {
+    ::munmap(p, rounded);
+    ::close(fd);
+    throw;
+  }
   return p;
 }
 

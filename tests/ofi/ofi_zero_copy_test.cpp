@@ -86,7 +86,8 @@ TEST(SharedHost, AllocationsAreFoundAndFreed) {
 
 // A group's view of its peers' regions, here of this process's own: the
 // mapping aliases the allocation; another inode, a short file or a closed
-// descriptor map nothing; the least recently used mapping goes first.
+// descriptor map nothing; the least recently used mapping goes first, but
+// never one the current op uses.
 TEST(SharedHost, PeerMappingsCheckTheFileAndEvict) {
   const int pid = static_cast<int>(::getpid());
   char* a = static_cast<char*>(shared_host_alloc(8192));
@@ -94,6 +95,7 @@ TEST(SharedHost, PeerMappingsCheckTheFileAndEvict) {
   char* c = static_cast<char*>(shared_host_alloc(8192));
   auto sa = *find_shared_host(a, 1), sb = *find_shared_host(b, 1), sc = *find_shared_host(c, 1);
   PeerMappings maps(2);
+  maps.begin_op();
   char* ma = maps.map(pid, sa.id, sa.fd, sa.inode, 8192);
   ASSERT_NE(ma, nullptr);
   ASSERT_NE(ma, a) << "expected a second mapping of the same memory";
@@ -105,12 +107,35 @@ TEST(SharedHost, PeerMappingsCheckTheFileAndEvict) {
   EXPECT_EQ(maps.map(pid, sb.id, sb.fd, sa.inode, 4096), nullptr) << "another file's inode was accepted";
   EXPECT_EQ(maps.map(pid, sb.id, sb.fd, sb.inode, 1 << 20), nullptr) << "a file too short was accepted";
   EXPECT_EQ(maps.map(pid, 99999, 1 << 20, sb.inode, 1), nullptr) << "a closed descriptor was mapped";
+  maps.begin_op();
   ASSERT_NE(maps.map(pid, sb.id, sb.fd, sb.inode, 8192), nullptr);
   EXPECT_EQ(maps.size(), 2u);
+  maps.begin_op();
   ASSERT_NE(maps.map(pid, sa.id, sa.fd, sa.inode, 8192), nullptr);  // a is now the most recent
+  maps.begin_op();
   ASSERT_NE(maps.map(pid, sc.id, sc.fd, sc.inode, 8192), nullptr);  // evicts b
   EXPECT_EQ(maps.size(), 2u);
+  maps.begin_op();
   EXPECT_EQ(maps.map(pid, sa.id, sa.fd, sa.inode, 8192), ma) << "the most recently used mapping was evicted";
+  // One op needing more regions than the cache keeps: nothing it mapped is
+  // evicted while it runs (the cache grows), and its pointers stay valid.
+  maps.begin_op();
+  char* m1 = maps.map(pid, sa.id, sa.fd, sa.inode, 8192);
+  char* m2 = maps.map(pid, sb.id, sb.fd, sb.inode, 8192);
+  char* m3 = maps.map(pid, sc.id, sc.fd, sc.inode, 8192);
+  ASSERT_TRUE(m1 != nullptr && m2 != nullptr && m3 != nullptr);
+  EXPECT_EQ(maps.size(), 3u);
+  b[300] = 5, c[300] = 6;
+  EXPECT_EQ(m1[100], 42);
+  EXPECT_EQ(m2[300], 5);
+  EXPECT_EQ(m3[300], 6);
+  maps.begin_op();
+  ASSERT_NE(maps.map(pid, sc.id, sc.fd, sc.inode, 8192), nullptr);
+  char* d = static_cast<char*>(shared_host_alloc(8192));
+  auto sd = *find_shared_host(d, 1);
+  ASSERT_NE(maps.map(pid, sd.id, sd.fd, sd.inode, 8192), nullptr);  // a later op: back to the limit
+  EXPECT_EQ(maps.size(), 2u);
+  shared_host_free(d);
   shared_host_free(a);
   shared_host_free(b);
   shared_host_free(c);
@@ -242,8 +267,9 @@ TEST_P(ZeroCopyRanks, ResultsMatchClosedForms) {
 INSTANTIATE_TEST_SUITE_P(Ofi, ZeroCopyRanks,
                          testing::Combine(testing::Values(2, 3, 4), testing::Values(false, true)));
 
-// One rank with ordinary buffers: every rank takes the stripes (the same
-// answer everywhere), and the results are right.
+// One rank with ordinary buffers where peers need them: every rank takes
+// the stripes (the same answer everywhere), and the results are right;
+// ordinary buffers that only their owner touches do not stop the path.
 TEST(ZeroCopy, MixedBuffersFallBackToTheStripes) {
   auto results = run_job(zero_copy_job(3, true), [&](Backend& b, int rank) {
     const int n = b.size();
@@ -285,10 +311,28 @@ TEST(ZeroCopy, MixedBuffersFallBackToTheStripes) {
       }
     }
     require(host_zero_copy_ops() == before, "an op with ordinary buffers took the zero-copy path");
+    // Only the buffers peers touch must be shared: a broadcast's root buffer,
+    // a reduce_scatter's inputs.
+    const int root = 0;
+    std::vector<float> heap_buf(count, -1.f);
+    SharedVec<float> root_buf(count);
+    for (size_t i = 0; i < count; ++i) root_buf[i] = static_cast<float>(contribution(root, i));
+    float* bb = rank == root ? root_buf.data() : heap_buf.data();
+    b.broadcast(bb, count, DType::kF32, root, kT)->wait();
+    require_values(std::vector<float>(bb, bb + count), [&](size_t i) { return contribution(root, i); },
+                   "broadcast into heap buffers");
+    require(host_zero_copy_ops() == before + 1, "a broadcast from a shared root buffer did not take the path");
+    SharedVec<float> rs_in(static_cast<size_t>(n) * count);
+    for (size_t i = 0; i < rs_in.size(); ++i) rs_in[i] = static_cast<float>(contribution(rank, i));
+    std::vector<float> rs_out(count, -1.f);
+    b.reduce_scatter(rs_in.data(), rs_out.data(), count, DType::kF32, ReduceOp::kSum, kT)->wait();
+    require_values(rs_out, [&](size_t i) { return sum_over(n, static_cast<size_t>(rank) * count + i); },
+                   "reduce_scatter into heap outputs");
+    require(host_zero_copy_ops() == before + 2, "a reduce_scatter of shared inputs did not take the path");
     // And all shared again: zero-copy.
     b.all_reduce(in.data(), out.data(), count, DType::kF32, ReduceOp::kSum, kT)->wait();
     require_values(out.vec(), [&](size_t i) { return sum_over(n, i); }, "all-shared all_reduce after");
-    require(host_zero_copy_ops() == before + 1, "the all-shared op did not take the zero-copy path");
+    require(host_zero_copy_ops() == before + 3, "the all-shared op did not take the zero-copy path");
   });
   expect_all_ok(results);
 }

@@ -272,11 +272,12 @@ struct ZeroCopyViews {
 ZeroCopyRef zero_copy_ref(const void* in, size_t in_bytes, const void* out, size_t out_bytes) {
   ZeroCopyRef ref;
   ref.in_bytes = in_bytes;
-  auto i = find_shared_host(in, in_bytes);
-  auto o = find_shared_host(out, out_bytes);
-  if (!i || !o) return ref;
-  ref.in_id = i->id, ref.in_off = i->offset, ref.in_fd = i->fd, ref.in_inode = i->inode;
-  ref.out_id = o->id, ref.out_off = o->offset, ref.out_fd = o->fd, ref.out_inode = o->inode;
+  if (auto i = find_shared_host(in, in_bytes)) {
+    ref.in_id = i->id, ref.in_off = i->offset, ref.in_fd = i->fd, ref.in_inode = i->inode;
+  }
+  if (auto o = find_shared_host(out, out_bytes)) {
+    ref.out_id = o->id, ref.out_off = o->offset, ref.out_fd = o->fd, ref.out_inode = o->inode;
+  }
   return ref;
 }
 
@@ -299,14 +300,25 @@ Task exchange_mailboxes(OpCtx& c, HostGroup* h, const void* data, size_t bytes, 
   signal(h, Counter::kConsumed, r);
 }
 
-// Two mailbox rounds: do all ranks' `in` (in_bytes) and `out` (out_bytes)
-// lie in shared host memory that every rank could map? Every rank reaches
-// the same answer; when it is yes, `v` holds every rank's buffers here.
+// Which of the peers' buffers an op reads or writes: only those must be
+// shared host memory, and only those are mapped.
+struct ZeroCopyNeeds {
+  bool inputs = true;   // every rank's input (or only `only_input_of`'s)
+  bool outputs = true;  // every rank's output
+  int only_input_of = -1;
+  bool input(int q) const { return inputs && (only_input_of < 0 || q == only_input_of); }
+};
+
+// Two mailbox rounds: do the ranks' `in` (in_bytes) and `out` (out_bytes)
+// that the op needs lie in shared host memory that every rank could map?
+// Every rank reaches the same answer; when it is yes, `v` holds those
+// buffers as this process sees them (and this rank's own).
 Task zero_copy_agree(OpCtx& c, HostGroup* h, const void* in, size_t in_bytes, void* out, size_t out_bytes,
-                     bool& agreed, ZeroCopyViews& v) {
+                     ZeroCopyNeeds needs, bool& agreed, ZeroCopyViews& v) {
   agreed = false;
   const HostSegment& s = *h->seg;
   const int L = s.local_size(), me = s.local_rank();
+  h->peers->begin_op();
   const ZeroCopyRef mine = zero_copy_ref(in, in_bytes, out, out_bytes);
   std::vector<char> got;
   co_await exchange_mailboxes(c, h, &mine, sizeof mine, got);
@@ -318,10 +330,10 @@ Task zero_copy_agree(OpCtx& c, HostGroup* h, const void* in, size_t in_bytes, vo
     TORUS_CHECK(ref.in_bytes == in_bytes, InvalidArgument,
                 "{}: local ranks disagree on the size: world rank {} has {} bytes per rank, world rank {} has {}",
                 c.info().describe(), s.control(me).world_rank, in_bytes, s.control(q).world_rank, ref.in_bytes);
-    all_shared = all_shared && ref.in_id != 0 && ref.out_id != 0;
+    all_shared = all_shared && (!needs.input(q) || ref.in_id != 0) && (!needs.outputs || ref.out_id != 0);
   }
   if (!all_shared) co_return;
-  // Map every peer's buffers; a second round agrees that all ranks could.
+  // Map the peers' buffers; a second round agrees that all ranks could.
   v.in.assign(static_cast<size_t>(L), nullptr);
   v.out.assign(static_cast<size_t>(L), nullptr);
   char ok = 1;
@@ -333,12 +345,15 @@ Task zero_copy_agree(OpCtx& c, HostGroup* h, const void* in, size_t in_bytes, vo
       continue;
     }
     const int pid = s.control(q).pid;
-    char* i = h->peers->map(pid, ref.in_id, ref.in_fd, ref.in_inode, ref.in_off + in_bytes);
-    char* o = h->peers->map(pid, ref.out_id, ref.out_fd, ref.out_inode, ref.out_off + out_bytes);
-    ok = i != nullptr && o != nullptr;
-    if (ok) {
-      v.in[static_cast<size_t>(q)] = i + ref.in_off;
-      v.out[static_cast<size_t>(q)] = o + ref.out_off;
+    if (needs.input(q)) {
+      char* i = h->peers->map(pid, ref.in_id, ref.in_fd, ref.in_inode, ref.in_off + in_bytes);
+      ok = ok && i != nullptr;
+      if (i != nullptr) v.in[static_cast<size_t>(q)] = i + ref.in_off;
+    }
+    if (needs.outputs && ok) {
+      char* o = h->peers->map(pid, ref.out_id, ref.out_fd, ref.out_inode, ref.out_off + out_bytes);
+      ok = ok && o != nullptr;
+      if (o != nullptr) v.out[static_cast<size_t>(q)] = o + ref.out_off;
     }
   }
   co_await exchange_mailboxes(c, h, &ok, 1, got);
@@ -373,8 +388,9 @@ void zero_copy_put(const HostGroup* h, size_t total, char* dst, const char* src,
   }
 }
 
-// Block `q` of a zero-copy op: [first, first + len) elements, cut at cache
-// lines so that no two ranks write one line.
+// Block `q` of a zero-copy op: [first, first + len) elements, cut at
+// multiples of 64 bytes from the buffers' start, so that no two ranks write
+// one cache line when the buffers are 64-byte aligned.
 std::pair<size_t, size_t> zero_copy_block(size_t count, size_t e, int L, int q) {
   const size_t unit = std::max<size_t>(1, 64 / e);
   const size_t units = (count + unit - 1) / unit;
@@ -433,7 +449,7 @@ void zero_copy_reduce(OpCtx& c, HostGroup* h, const ZeroCopyViews& v, size_t in_
                       DType t, ReduceOp op, int64_t divisor, bool all_outputs, size_t total) {
   const int L = h->local_size(), me = h->local_rank();
   const size_t e = dtype_size(t), ce = kZeroCopyChunkBytes / e;
-  if (t == DType::kF32 && op == ReduceOp::kSum && total >= h->nt_bytes && cpu_has_avx512f()) {
+  if (t == DType::kF32 && op == ReduceOp::kSum && divisor <= 1 && total >= h->nt_bytes && cpu_has_avx512f()) {
     bool aligned = true;
     for (int q = 0; q < L; ++q) {
       if (all_outputs || q == me) {
@@ -649,7 +665,7 @@ Task host_all_reduce(OpCtx& c, HostGroup* h, const void* in_v, void* out_v, size
   if (zero_copy_wanted(h, bytes)) {
     bool agreed = false;
     ZeroCopyViews v;
-    co_await zero_copy_agree(c, h, in, bytes, out, bytes, agreed, v);
+    co_await zero_copy_agree(c, h, in, bytes, out, bytes, {}, agreed, v);
     if (agreed) {
       auto [first, n] = zero_copy_block(count, e, L, me);
       zero_copy_reduce(c, h, v, first, first, n, t, op, divisor, true, bytes);
@@ -708,7 +724,7 @@ Task host_reduce_scatter(OpCtx& c, HostGroup* h, const void* in, void* out, size
   if (const size_t block = count * dtype_size(t); zero_copy_wanted(h, L * block) && count > 0) {
     bool agreed = false;
     ZeroCopyViews v;
-    co_await zero_copy_agree(c, h, in, L * block, out, block, agreed, v);
+    co_await zero_copy_agree(c, h, in, L * block, out, block, {.inputs = true, .outputs = false}, agreed, v);
     if (agreed) {
       const size_t me = static_cast<size_t>(h->local_rank());
       zero_copy_reduce(c, h, v, me * count, 0, count, t, op, divisor, false, L * block);
@@ -764,7 +780,7 @@ Task host_all_gather(OpCtx& c, HostGroup* h, const void* in, void* out, size_t c
   if (const size_t block = count * elt; zero_copy_wanted(h, L * block) && count > 0) {
     bool agreed = false;
     ZeroCopyViews v;
-    co_await zero_copy_agree(c, h, in, block, out, L * block, agreed, v);
+    co_await zero_copy_agree(c, h, in, block, out, L * block, {.inputs = false, .outputs = true}, agreed, v);
     if (agreed) {
       // This rank's block into every output, a chunk at a time (read once).
       const size_t me = static_cast<size_t>(h->local_rank());
@@ -846,7 +862,8 @@ Task host_broadcast(OpCtx& c, HostGroup* h, void* buf_v, size_t bytes, int root)
   if (zero_copy_wanted(h, bytes)) {
     bool agreed = false;
     ZeroCopyViews v;
-    co_await zero_copy_agree(c, h, buf, bytes, buf, bytes, agreed, v);
+    co_await zero_copy_agree(c, h, buf, bytes, buf, bytes, {.inputs = true, .outputs = false, .only_input_of = root},
+                             agreed, v);
     if (agreed) {
       // Every other rank copies the root's buffer; the root waits for them.
       if (me != root) zero_copy_put(h, bytes, buf, v.in[static_cast<size_t>(root)], bytes);
@@ -916,7 +933,7 @@ Task host_all_to_all(OpCtx& c, HostGroup* h, const void* in_v, void* out_v, std:
     const size_t block = send_counts[0] * elt;
     bool agreed = false;
     ZeroCopyViews v;
-    co_await zero_copy_agree(c, h, in, total, out, total, agreed, v);
+    co_await zero_copy_agree(c, h, in, total, out, total, {.inputs = true, .outputs = false}, agreed, v);
     if (agreed) {
       for (size_t q = 0; q < static_cast<size_t>(L); ++q) {
         zero_copy_put(h, total, out + q * block, v.in[q] + um * block, block);

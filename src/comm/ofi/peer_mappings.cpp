@@ -66,15 +66,25 @@ char* PeerMappings::map(int pid, uint32_t id, int fd, uint64_t inode, size_t nee
     report(warned_, "mmap of {} ({} bytes) failed: {}", path, bytes, std::strerror(errno));
     return nullptr;
   }
-  while (entries_.size() >= max_ && !entries_.empty()) {
-    auto oldest = entries_.begin();
+  // Evict the least recently used, but never a mapping of the current op
+  // (used since begin_op): its pointers are in use. Past the limit with
+  // nothing older, the cache grows for this op.
+  while (entries_.size() >= max_) {
+    auto oldest = entries_.end();
     for (auto it = entries_.begin(); it != entries_.end(); ++it) {
-      if (it->second.last_use < oldest->second.last_use) oldest = it;
+      if (it->second.last_use > op_start_) continue;
+      if (oldest == entries_.end() || it->second.last_use < oldest->second.last_use) oldest = it;
     }
+    if (oldest == entries_.end()) break;
     ::munmap(oldest->second.base, oldest->second.bytes);
     entries_.erase(oldest);
   }
-  entries_.emplace(key, Entry{static_cast<char*>(p), bytes, ++clock_});
+  try {
+    entries_.emplace(key, Entry{static_cast<char*>(p), bytes, ++clock_});
+  } catch (...) {
+    ::munmap(p, bytes);
+    throw;
+  }
   return static_cast<char*>(p);
 }
 

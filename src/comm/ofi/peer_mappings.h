@@ -7,7 +7,9 @@
 // stands for a newer region. Opening checks the inode too: a pid that
 // names another process here (another pid namespace) fails the check
 // instead of mapping a stranger's file. At most `max_regions` are kept; the least recently
-// used is unmapped first. Not thread safe: the group's driver thread only.
+// used is unmapped first, never one the current op (since begin_op) uses.
+// Not thread safe: one op of the group at a time (the group's ops are
+// serialised, whether the engine runs them or the caller's thread).
 #pragma once
 
 #include <cstddef>
@@ -19,7 +21,7 @@ namespace torus::comm::ofi {
 
 class PeerMappings {
  public:
-  explicit PeerMappings(size_t max_regions = 64) : max_(max_regions) {}
+  explicit PeerMappings(size_t max_regions = 256) : max_(max_regions) {}
   ~PeerMappings();
   PeerMappings(const PeerMappings&) = delete;
   PeerMappings& operator=(const PeerMappings&) = delete;
@@ -29,6 +31,9 @@ class PeerMappings {
   // opened or mapped, is another file, or is smaller than `need_bytes` (the first such failure is logged as a
   // warning, later ones at debug level).
   char* map(int pid, uint32_t id, int fd, uint64_t inode, size_t need_bytes);
+
+  // A new op starts: what it maps from now on stays mapped until it ends.
+  void begin_op() { op_start_ = clock_; }
 
   size_t size() const { return entries_.size(); }
 
@@ -40,6 +45,7 @@ class PeerMappings {
   };
   std::map<std::tuple<int, uint32_t, uint64_t>, Entry> entries_;
   uint64_t clock_ = 0;
+  uint64_t op_start_ = 0;  // entries used after this clock belong to the current op
   size_t max_;
   bool warned_ = false;
 };

@@ -117,12 +117,29 @@ void DistributedDataParallel::init(std::vector<NamedParameter> params) {
   auto plans = plan_buckets(descs, {options_.bucket_cap_bytes, options_.first_bucket_cap_bytes, 1});
 
   slot_refs_.resize(hooked.size());
+  // Shared CPU buckets are slices of one allocation, 64-byte aligned: the
+  // peers then map one region per rank, not one per bucket.
+  auto shared_bucket = [&](const BucketPlan& plan) {
+    const at::Tensor& first = hooked[plan.params.front()].tensor;
+    return options_.shared_host_buckets && first.device().is_cpu();
+  };
+  auto padded_bytes = [&](const BucketPlan& plan) {
+    const int64_t bytes = plan.numel * hooked[plan.params.front()].tensor.element_size();
+    return (bytes + 63) / 64 * 64;
+  };
+  int64_t shared_bytes = 0;
+  for (const auto& plan : plans) {
+    if (shared_bucket(plan)) shared_bytes += padded_bytes(plan);
+  }
+  at::Tensor shared_raw = shared_bytes > 0 ? comm::shared_host_zeros({shared_bytes}, at::kByte) : at::Tensor();
+  int64_t shared_at = 0;
   for (const auto& plan : plans) {
     Bucket b;
     b.index = static_cast<int>(buckets_.size());
     const at::Tensor& first = hooked[plan.params.front()].tensor;
-    if (options_.shared_host_buckets && first.device().is_cpu()) {
-      b.flat = comm::shared_host_zeros({plan.numel}, first.scalar_type());
+    if (shared_bucket(plan)) {
+      b.flat = shared_raw.narrow(0, shared_at, plan.numel * first.element_size()).view(first.scalar_type());
+      shared_at += padded_bytes(plan);
     } else {
       b.flat = at::zeros({plan.numel}, first.options().requires_grad(false));
     }
