@@ -106,6 +106,30 @@ TEST(HostSegment, MissingMemberTimesOutAndLeavesNothing) {
   EXPECT_FALSE(shm_object_exists(name));
 }
 
+// Ranks whose protocol sizes differ would run different rounds for one op:
+// attaching fails on every rank at once, naming the settings.
+TEST(HostSegment, MismatchedProtocolSizesFailAtAttach) {
+  StoreServer server;
+  const std::string name = "/torus-ofi-test-" + std::to_string(::getpid()) + "-p";
+  auto results = run_ranks(2, [&](int rank) {
+    auto store = server.client();
+    HostSegment::Config c = config(name, rank, 2, Ms(20000));
+    c.eager_bytes = 16384;
+    c.zero_copy_bytes = rank == 0 ? 65536 : 1;
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      HostSegment seg(c, *store);
+    } catch (const InvalidArgument& e) {
+      require(std::chrono::steady_clock::now() - t0 < Ms(5000), "failed only at the deadline");
+      require(std::string(e.what()).find("TORUS_OFI_SHM_ZERO_COPY_BYTES") != std::string::npos, e.what());
+      return;
+    }
+    throw std::runtime_error("ranks with different zero-copy sizes attached");
+  });
+  expect_all_ok(results);
+  EXPECT_FALSE(shm_object_exists(name));
+}
+
 TEST(HostSegment, AbortWordCarriesTheReason) {
   StoreServer server;
   const std::string name = "/torus-ofi-test-" + std::to_string(::getpid()) + "-c";

@@ -37,6 +37,8 @@ struct HostSegment::Header {
   uint32_t local_size;
   uint32_t depth;
   uint64_t stripe;
+  uint64_t eager_bytes;
+  uint64_t zero_copy_bytes;
   std::atomic<uint32_t> attached;
   std::atomic<uint32_t> aborted;
   std::atomic<uint32_t> reason_ready;
@@ -102,11 +104,22 @@ HostSegment::HostSegment(const Config& cfg, Store& store)
     h->local_size = static_cast<uint32_t>(local_size_);
     h->depth = static_cast<uint32_t>(depth_);
     h->stripe = stripe_;
+    h->eager_bytes = cfg.eager_bytes;
+    h->zero_copy_bytes = cfg.zero_copy_bytes;
     for (int i = 0; i < local_size_; ++i) new (&control(i)) SegmentControl{};
     store.set(ready_key, std::vector<uint8_t>{'1'});
   } else {
     TORUS_CHECK(h->magic == kMagic && h->local_size == L && h->depth == D && h->stripe == stripe_, CommError,
                 "host segment {} does not match this rank's configuration", cfg.name);
+    if (h->eager_bytes != cfg.eager_bytes || h->zero_copy_bytes != cfg.zero_copy_bytes) {
+      // The abort word tells local rank 0, which waits for everyone to attach.
+      const std::string msg = fmt::format(
+          "TORUS_OFI_SHM_EAGER_BYTES / TORUS_OFI_SHM_ZERO_COPY_BYTES are {} / {} on world rank {} but {} / {} on "
+          "local rank 0 of host segment {}; they must be the same on every rank",
+          cfg.eager_bytes, cfg.zero_copy_bytes, cfg.world_rank, h->eager_bytes, h->zero_copy_bytes, cfg.name);
+      mark_aborted(cfg.world_rank, msg);
+      throw InvalidArgument(msg);
+    }
   }
   // Touch this rank's own staging pages now rather than inside the first op.
   std::memset(base_ + staging_offset_ + static_cast<size_t>(local_rank_) * staging_bytes_, 0, staging_bytes_);
@@ -117,6 +130,7 @@ HostSegment::HostSegment(const Config& cfg, Store& store)
   if (local_rank_ == 0) {
     auto deadline = std::chrono::steady_clock::now() + cfg.timeout;
     while (h->attached.load(std::memory_order_acquire) < L) {
+      if (is_aborted()) throw InvalidArgument(fmt::format("host segment {}: {}", cfg.name, aborted()));
       if (std::chrono::steady_clock::now() > deadline) {
         uint32_t attached = h->attached.load();
         throw TimeoutError(fmt::format("host segment {}: only {} of {} local ranks attached within {} ms", cfg.name,

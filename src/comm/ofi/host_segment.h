@@ -74,6 +74,11 @@ class HostSegment {
     int world_rank = 0;
     size_t stripe_bytes = 64 << 10;
     int depth = 4;
+    // Sizes that pick an op's protocol (OfiOptions shm_eager_bytes and
+    // shm_zero_copy_bytes): every local rank must have the same, or their
+    // rounds would not match; attaching checks it.
+    uint64_t eager_bytes = 0;
+    uint64_t zero_copy_bytes = 0;
     std::chrono::milliseconds timeout{60000};
   };
   // Collective over the local members. Throws CommError (shm calls) or

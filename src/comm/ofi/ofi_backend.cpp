@@ -423,6 +423,8 @@ std::shared_ptr<Topology> make_topology(const World& w, uint32_t context, const 
     cfg.world_rank = w.rank;
     cfg.stripe_bytes = w.options.stripe_bytes(t->local_size);
     cfg.depth = std::max(2, w.options.shm_depth);  // the pipeline copies in round t + 1 while reading round t
+    cfg.eager_bytes = w.options.shm_eager_bytes;
+    cfg.zero_copy_bytes = w.options.shm_zero_copy_bytes;
     cfg.timeout = w.timeout;
     t->segment = std::make_unique<HostSegment>(cfg, *w.store);
     t->host.seg = t->segment.get();

@@ -52,7 +52,7 @@ struct OfiOptions {
   // blocks) moving at least this many bytes per rank check whether every
   // rank's buffers are shared host memory, and if so skip the staging
   // stripes (Note [Zero-copy host ops]). 0: never check. Must be the same
-  // on every rank.
+  // on every rank (HostSegment checks it, and shm_eager_bytes).
   size_t shm_zero_copy_bytes = size_t{64} << 10;   // TORUS_OFI_SHM_ZERO_COPY_BYTES
 
   // Algorithms over the provider.
