@@ -145,6 +145,49 @@ TEST(Inline, LatePeerHandsOtherCollectivesToTheEngine) {
   expect_all_ok(results);
 }
 
+// A one-round broadcast (the mailbox, or one round of the root's in-slot)
+// runs its own inline form: the root publishes and is done at once; a rank
+// whose root is late hands the op to the engine without blocking. Every
+// rank is late once (as the root and as a receiver), then many back to
+// back from alternating roots.
+TEST(Inline, OneRoundBroadcastWithALateRankCompletes) {
+  auto results = run_job(inline_job(3), [&](Backend& b, int rank) {
+    // 3 doubles travel in the root's mailbox, 1000 in one round of its in-slot.
+    for (size_t count : {size_t{3}, size_t{1000}}) {
+      const std::string c = " (" + std::to_string(count) + " doubles)";
+      for (int late = 0; late < 3; ++late) {
+        for (int root = 0; root < 3; ++root) {
+          b.barrier(kT)->wait();
+          std::vector<double> v(count, -1.0);
+          if (rank == root) {
+            for (size_t i = 0; i < count; ++i) v[i] = contribution(root, i) + 100.0 * late;
+          }
+          if (rank == late) std::this_thread::sleep_for(Ms(150));
+          const auto t0 = Clock::now();
+          WorkPtr w = b.broadcast(v.data(), v.size(), DType::kF64, root, kT);
+          const auto issued = std::chrono::duration_cast<Ms>(Clock::now() - t0);
+          require(issued < Ms(100), "issuing blocked its caller for " + std::to_string(issued.count()) + " ms" + c);
+          if (rank == root) require(w->is_completed(), "the root of a one-round broadcast did not finish at once" + c);
+          w->wait();
+          require_values(
+              v, [&](size_t i) { return contribution(root, i) + 100.0 * late; },
+              "broadcast from root " + std::to_string(root) + " with rank " + std::to_string(late) + " late" + c);
+        }
+      }
+      std::vector<float> x(count);
+      for (int i = 0; i < 1000; ++i) {
+        const int root = i % 3;
+        for (size_t k = 0; k < count; ++k) x[k] = rank == root ? static_cast<float>(i + static_cast<int>(k)) : -1.f;
+        b.broadcast(x.data(), count, DType::kF32, root, kT)->wait();
+        require_values(
+            x, [&](size_t k) { return static_cast<double>(i) + static_cast<double>(k); },
+            "back-to-back broadcast " + std::to_string(i) + c);
+      }
+    }
+  });
+  expect_all_ok(results);
+}
+
 // Two groups with the same members; rank 0 issues A then B, rank 1 B then
 // A, each waiting only at the end. Blocking inline ops would deadlock.
 TEST(Inline, OppositeGroupOrdersDoNotDeadlock) {

@@ -29,15 +29,13 @@ PeerView leaders_for_root(const Topology* t, int root) {
   return v;
 }
 
-// The local index of `root` on its host (the local root of the segment ops
-// on the root's host; local rank 0 leads the others).
+}  // namespace
+
 int local_root(const Topology* t, int root) {
   if (t->host_of[static_cast<size_t>(root)] != t->my_host) return 0;
   const auto& mine = t->hosts[static_cast<size_t>(t->my_host)];
   return static_cast<int>(std::find(mine.begin(), mine.end(), root) - mine.begin());
 }
-
-}  // namespace
 
 Task group_all_reduce(OpCtx& c, Topology* t, const void* in, void* out_v, size_t count, DType dt, ReduceOp op,
                       uint64_t seq) {

@@ -542,6 +542,74 @@ InlineOutcome host_all_reduce_inline(HostGroup* h, const void* in, void* out, si
   return InlineOutcome::kDone;
 }
 
+InlineOutcome host_broadcast_inline(HostGroup* h, void* buf, size_t bytes, int root, std::chrono::nanoseconds spin) {
+  const HostSegment& s = *h->seg;
+  const int L = s.local_size(), me = s.local_rank();
+  TORUS_CHECK(bytes > 0 && bytes <= host_inline_max_bytes(h), InvalidArgument,
+              "inline broadcast of {} bytes; 1 to {}", bytes, host_inline_max_bytes(h));
+  // host_broadcast's one-round forms: the mailbox, or one round of the
+  // root's in-slot when the op would not try the zero-copy path first.
+  const bool mailbox = bytes <= SegmentMailbox::kBytes;
+  if (!mailbox && (zero_copy_wanted(h, bytes) || bytes > static_cast<size_t>(L) * s.stripe_bytes())) {
+    return InlineOutcome::kNotStarted;
+  }
+  if (s.is_aborted()) return InlineOutcome::kNotStarted;
+  const uint64_t r = h->round + 1;
+  if (me == root) {
+    const uint64_t depth = static_cast<uint64_t>(s.depth());
+    const uint64_t need = mailbox ? mailbox_free_after(r) : r > depth ? r - depth : 0;
+    std::vector<uint64_t>& consumed = h->seen[static_cast<int>(Counter::kConsumed)];
+    auto mailbox_free = [&] {
+      for (int q = 0; q < L; ++q) {
+        uint64_t& v = consumed[static_cast<size_t>(q)];
+        if (q != me && v < need) {
+          v = counter(s, q, Counter::kConsumed).load(std::memory_order_acquire);
+          if (v < need) return false;
+        }
+      }
+      return true;
+    };
+    if (!spin_until(h, spin, mailbox_free)) return InlineOutcome::kNotStarted;
+    h->round = r;
+    if (mailbox) {
+      publish_mailbox(h, r, buf, bytes);
+    } else {
+      std::memcpy(s.in_slot(me, r), buf, bytes);
+      signal(h, Counter::kCopied, r);
+    }
+    signal(h, Counter::kConsumed, r);
+    return InlineOutcome::kDone;
+  }
+  h->round = r;
+  uint64_t& seen = h->seen[static_cast<int>(Counter::kCopied)][static_cast<size_t>(root)];
+  auto arrived = [&] {
+    if (mailbox) return s.mailbox(root, r).round.load(std::memory_order_acquire) >= r;
+    if (seen < r) seen = counter(s, root, Counter::kCopied).load(std::memory_order_acquire);
+    return seen >= r;
+  };
+  if (!spin_until(h, spin, arrived)) return InlineOutcome::kPublished;
+  if (mailbox) {
+    note_consumed(h, root, r);
+    std::memcpy(buf, s.mailbox(root, r).data, bytes);
+  } else {
+    std::memcpy(buf, s.in_slot(root, r), bytes);
+  }
+  signal(h, Counter::kConsumed, r);
+  return InlineOutcome::kDone;
+}
+
+Task host_broadcast_finish(OpCtx& c, HostGroup* h, uint64_t round, void* buf, size_t bytes, int root) {
+  if (bytes <= SegmentMailbox::kBytes) {
+    co_await wait_mailboxes(c, h, round, root);
+    note_consumed(h, root, round);
+    std::memcpy(buf, h->seg->mailbox(root, round).data, bytes);
+  } else {
+    co_await wait_for(c, h, Counter::kCopied, round, root);
+    std::memcpy(buf, h->seg->in_slot(root, round), bytes);
+  }
+  signal(h, Counter::kConsumed, round);
+}
+
 Task host_all_reduce_finish(OpCtx& c, HostGroup* h, uint64_t round, const void* in, void* out, size_t count,
                             DType t, ReduceOp op, int64_t divisor) {
   if (count * dtype_size(t) <= SegmentMailbox::kBytes) {

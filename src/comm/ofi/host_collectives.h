@@ -141,6 +141,13 @@ enum class InlineOutcome {
 size_t host_inline_max_bytes(const HostGroup* h);
 InlineOutcome host_all_reduce_inline(HostGroup* h, const void* in, void* out, size_t count, DType t, ReduceOp op,
                                      int64_t divisor, std::chrono::nanoseconds spin);
+// A broadcast of at most host_inline_max_bytes, the same way: the root
+// publishes its mailbox (or fills one round of its in-slot) once it is
+// free and is done; the others spin for it. kNotStarted also when the op
+// is larger than one round or would try the zero-copy path. kPublished here means the round is taken and host_broadcast_finish
+// completes it (a non-root whose root was late).
+InlineOutcome host_broadcast_inline(HostGroup* h, void* buf, size_t bytes, int root, std::chrono::nanoseconds spin);
+Task host_broadcast_finish(OpCtx& c, HostGroup* h, uint64_t round, void* buf, size_t bytes, int root);
 // The rest of an op host_all_reduce_inline left kPublished, in round `round`.
 Task host_all_reduce_finish(OpCtx& c, HostGroup* h, uint64_t round, const void* in, void* out, size_t count,
                             DType t, ReduceOp op, int64_t divisor);

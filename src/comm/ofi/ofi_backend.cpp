@@ -120,6 +120,9 @@ class OfiBackend final : public Backend {
     check_rank(root, "root");
     check_buffers(buf, buf, count);
     check_bytes(count, dt, 1, "broadcast");
+    if (count > 0 && count * dtype_size(dt) <= one_round_max_bytes_ && timeout.count() > 0) {
+      if (WorkPtr w = inline_broadcast(buf, count, dt, root, timeout)) return w;
+    }
     return issue(OpType::kBroadcast, dt, {static_cast<int64_t>(count)}, root, timeout, true, count * dtype_size(dt),
                  [=](OpCtx& c, Topology* t, uint64_t seq) {
                    return group_broadcast(c, t, buf, count, dt, root, seq);
@@ -249,6 +252,25 @@ class OfiBackend final : public Backend {
     const uint64_t round = h->round;
     return submit_locked(std::move(wi), timeout, true, [=](OpCtx& c, Topology* t, uint64_t) {
       return host_all_reduce_finish(c, &t->host, round, in, out, count, dt, op, divisor);
+    });
+  }
+
+  // A one-round broadcast, the same way (host_broadcast_inline).
+  WorkPtr inline_broadcast(void* buf, size_t count, DType dt, int root, Duration timeout) {
+    std::lock_guard<std::mutex> lock(issue_mu_);
+    if (!may_run_inline()) return nullptr;
+    HostGroup* h = &topo_->host;
+    const size_t bytes = count * dtype_size(dt);
+    const int lroot = local_root(topo_.get(), root);
+    const InlineOutcome got = host_broadcast_inline(h, buf, bytes, lroot, inline_spin_);
+    if (got == InlineOutcome::kNotStarted) return nullptr;
+    WorkInfo wi = next_info(OpType::kBroadcast, dt, {static_cast<int64_t>(count)}, root, true);
+    if (got == InlineOutcome::kDone) {
+      return std::allocate_shared<OfiWork>(CachedAllocator<OfiWork>(), std::move(wi), OfiWork::Completed{});
+    }
+    const uint64_t round = h->round;
+    return submit_locked(std::move(wi), timeout, true, [=](OpCtx& c, Topology* t, uint64_t) {
+      return host_broadcast_finish(c, &t->host, round, buf, bytes, lroot);
     });
   }
 

@@ -74,6 +74,9 @@ Task group_reduce_scatter(OpCtx& c, Topology* t, const void* in, void* out, size
                           uint64_t seq);
 Task group_all_gather(OpCtx& c, Topology* t, const void* in, void* out, size_t count, DType dt, uint64_t seq);
 Task group_broadcast(OpCtx& c, Topology* t, void* buf, size_t count, DType dt, int root, uint64_t seq);
+// The local index of group rank `root` on its host (the local root of the
+// segment ops on the root's host; local rank 0 leads the others).
+int local_root(const Topology* t, int root);
 Task group_reduce(OpCtx& c, Topology* t, const void* in, void* out, size_t count, DType dt, ReduceOp op, int root,
                   uint64_t seq);
 Task group_all_to_all(OpCtx& c, Topology* t, const void* in, void* out, std::vector<size_t> send_counts,
