@@ -250,6 +250,35 @@ bool spin_until(const HostGroup* h, std::chrono::nanoseconds spin, Ready ready) 
   return spin_politely(spin, ready, [h] { return h->seg->is_aborted(); }, h->spin_pauses);
 }
 
+// This rank's data of a one-round op of round r: in its mailbox, or in its
+// in-slot with the `copied` signal.
+void publish_one_round(HostGroup* h, uint64_t r, const void* data, size_t bytes, bool mailbox) {
+  if (mailbox) {
+    publish_mailbox(h, r, data, bytes);
+  } else {
+    std::memcpy(h->seg->in_slot(h->local_rank(), r), data, bytes);
+    signal(h, Counter::kCopied, r);
+  }
+}
+
+// Whether this rank may write its mailbox (`mailbox`) or its slots of
+// round r now (Note [Segment rounds]): one look at each peer's `consumed`
+// line it has not yet seen far enough.
+bool one_round_free(HostGroup* h, uint64_t r, bool mailbox) {
+  const HostSegment& s = *h->seg;
+  const uint64_t depth = static_cast<uint64_t>(s.depth());
+  const uint64_t need = mailbox ? mailbox_free_after(r) : r > depth ? r - depth : 0;
+  std::vector<uint64_t>& consumed = h->seen[static_cast<int>(Counter::kConsumed)];
+  for (int q = 0; q < s.local_size(); ++q) {
+    uint64_t& v = consumed[static_cast<size_t>(q)];
+    if (q != s.local_rank() && v < need) {
+      v = counter(s, q, Counter::kConsumed).load(std::memory_order_acquire);
+      if (v < need) return false;
+    }
+  }
+  return true;
+}
+
 // --- Note [Zero-copy host ops] ---------------------------------------------
 
 // One rank's buffers of a zero-copy op, as published in its mailbox.
@@ -497,27 +526,9 @@ InlineOutcome host_all_reduce_inline(HostGroup* h, const void* in, void* out, si
   if (s.is_aborted()) return InlineOutcome::kNotStarted;
   const bool mailbox = bytes <= SegmentMailbox::kBytes;
   const uint64_t r = h->round + 1;
-  const uint64_t depth = static_cast<uint64_t>(s.depth());
-  const uint64_t need = mailbox ? mailbox_free_after(r) : r > depth ? r - depth : 0;  // Note [Segment rounds]
-  std::vector<uint64_t>& consumed = h->seen[static_cast<int>(Counter::kConsumed)];
-  auto slots_free = [&] {
-    for (int q = 0; q < L; ++q) {
-      uint64_t& v = consumed[static_cast<size_t>(q)];
-      if (q != me && v < need) {
-        v = counter(s, q, Counter::kConsumed).load(std::memory_order_acquire);
-        if (v < need) return false;
-      }
-    }
-    return true;
-  };
-  if (!spin_until(h, spin, slots_free)) return InlineOutcome::kNotStarted;
+  if (!spin_until(h, spin, [&] { return one_round_free(h, r, mailbox); })) return InlineOutcome::kNotStarted;
   h->round = r;
-  if (mailbox) {
-    publish_mailbox(h, r, in, bytes);
-  } else {
-    std::memcpy(s.in_slot(me, r), in, bytes);
-    signal(h, Counter::kCopied, r);
-  }
+  publish_one_round(h, r, in, bytes, mailbox);
   std::vector<uint64_t>& copied = h->seen[static_cast<int>(Counter::kCopied)];
   auto all_in = [&] {
     for (int q = 0; q < L; ++q) {
@@ -556,27 +567,9 @@ InlineOutcome host_broadcast_inline(HostGroup* h, void* buf, size_t bytes, int r
   if (s.is_aborted()) return InlineOutcome::kNotStarted;
   const uint64_t r = h->round + 1;
   if (me == root) {
-    const uint64_t depth = static_cast<uint64_t>(s.depth());
-    const uint64_t need = mailbox ? mailbox_free_after(r) : r > depth ? r - depth : 0;
-    std::vector<uint64_t>& consumed = h->seen[static_cast<int>(Counter::kConsumed)];
-    auto mailbox_free = [&] {
-      for (int q = 0; q < L; ++q) {
-        uint64_t& v = consumed[static_cast<size_t>(q)];
-        if (q != me && v < need) {
-          v = counter(s, q, Counter::kConsumed).load(std::memory_order_acquire);
-          if (v < need) return false;
-        }
-      }
-      return true;
-    };
-    if (!spin_until(h, spin, mailbox_free)) return InlineOutcome::kNotStarted;
+    if (!spin_until(h, spin, [&] { return one_round_free(h, r, mailbox); })) return InlineOutcome::kNotStarted;
     h->round = r;
-    if (mailbox) {
-      publish_mailbox(h, r, buf, bytes);
-    } else {
-      std::memcpy(s.in_slot(me, r), buf, bytes);
-      signal(h, Counter::kCopied, r);
-    }
+    publish_one_round(h, r, buf, bytes, mailbox);
     signal(h, Counter::kConsumed, r);
     return InlineOutcome::kDone;
   }
