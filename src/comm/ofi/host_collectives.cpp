@@ -23,6 +23,7 @@
 
 #include <algorithm>
 #include <span>
+#include <string_view>
 #include <type_traits>
 
 #include "core/log.h"
@@ -183,6 +184,21 @@ void combine(char* dst, std::span<const char* const> srcs, size_t n, DType t, Re
   divide(dst, n, t, divisor);
 }
 
+// A result into user memory: with non-temporal stores for large ops (`nt`;
+// they would only evict the caches), fenced unless the caller fences once
+// after many pieces (each fence waits for the previous piece to reach
+// memory).
+void put_output(char* dst, const char* src, size_t n, bool nt, bool fence = true) {
+  if (n == 0 || dst == src) return;
+  if (!nt) {
+    std::memcpy(dst, src, n);
+  } else if (fence) {
+    stream_copy(dst, src, n);
+  } else {
+    stream_copy_unfenced(dst, src, n);
+  }
+}
+
 void publish_mailbox(HostGroup* h, uint64_t r, const void* in, size_t bytes) {
   SegmentMailbox& mine = h->seg->mailbox(h->local_rank(), r);
   std::memcpy(mine.data, in, bytes);
@@ -311,9 +327,9 @@ ZeroCopyRef zero_copy_ref(const void* in, size_t in_bytes, const void* out, size
 }
 
 // Publishes one mailbox round's `bytes` from `data`, waits for every peer's,
-// copies them into `got` (bytes each, rank order; this rank's too) and is
-// done with the round.
-Task exchange_mailboxes(OpCtx& c, HostGroup* h, const void* data, size_t bytes, std::vector<char>& got) {
+// copies them into h->gathered (bytes each, rank order; this rank's too)
+// and is done with the round.
+Task exchange_mailboxes(OpCtx& c, HostGroup* h, const void* data, size_t bytes) {
   const HostSegment& s = *h->seg;
   const int L = s.local_size();
   const uint64_t r = ++h->round;
@@ -321,6 +337,7 @@ Task exchange_mailboxes(OpCtx& c, HostGroup* h, const void* data, size_t bytes, 
   publish_mailbox(h, r, data, bytes);
   co_await wait_mailboxes(c, h, r);
   note_all_consumed(h, r);
+  std::vector<char>& got = h->gathered;
   got.resize(static_cast<size_t>(L) * bytes);
   for (int q = 0; q < L; ++q) {
     const void* from = q == s.local_rank() ? data : static_cast<const void*>(s.mailbox(q, r).data);
@@ -349,10 +366,9 @@ Task zero_copy_agree(OpCtx& c, HostGroup* h, const void* in, size_t in_bytes, vo
   const int L = s.local_size(), me = s.local_rank();
   h->peers->begin_op();
   const ZeroCopyRef mine = zero_copy_ref(in, in_bytes, out, out_bytes);
-  std::vector<char> got;
-  co_await exchange_mailboxes(c, h, &mine, sizeof mine, got);
+  co_await exchange_mailboxes(c, h, &mine, sizeof mine);
   std::vector<ZeroCopyRef> refs(static_cast<size_t>(L));
-  std::memcpy(refs.data(), got.data(), got.size());
+  std::memcpy(refs.data(), h->gathered.data(), refs.size() * sizeof(ZeroCopyRef));
   bool all_shared = true;
   for (int q = 0; q < L; ++q) {
     const ZeroCopyRef& ref = refs[static_cast<size_t>(q)];
@@ -385,8 +401,8 @@ Task zero_copy_agree(OpCtx& c, HostGroup* h, const void* in, size_t in_bytes, vo
       if (o != nullptr) v.out[static_cast<size_t>(q)] = o + ref.out_off;
     }
   }
-  co_await exchange_mailboxes(c, h, &ok, 1, got);
-  agreed = std::all_of(got.begin(), got.end(), [](char x) { return x != 0; });
+  co_await exchange_mailboxes(c, h, &ok, 1);
+  agreed = std::all_of(h->gathered.begin(), h->gathered.end(), [](char x) { return x != 0; });
   if (agreed && !h->zero_copy_logged) {
     h->zero_copy_logged = true;
     TORUS_LOG_DEBUG("{}: every local rank's buffers are shared host memory: zero-copy host path",
@@ -402,19 +418,13 @@ Task zero_copy_done(OpCtx& c, HostGroup* h) {
   _mm_sfence();
   zero_copy_count.fetch_add(1, std::memory_order_relaxed);
   const char done = 1;
-  std::vector<char> got;
-  co_await exchange_mailboxes(c, h, &done, 1, got);
+  co_await exchange_mailboxes(c, h, &done, 1);
 }
 
 // Results go to the outputs with non-temporal stores from nt_bytes on,
 // fenced once by zero_copy_done.
 void zero_copy_put(const HostGroup* h, size_t total, char* dst, const char* src, size_t n) {
-  if (n == 0 || dst == src) return;
-  if (total >= h->nt_bytes) {
-    stream_copy_unfenced(dst, src, n);
-  } else {
-    std::memcpy(dst, src, n);
-  }
+  put_output(dst, src, n, total >= h->nt_bytes, false);
 }
 
 // Block `q` of a zero-copy op: [first, first + len) elements, cut at
@@ -422,13 +432,10 @@ void zero_copy_put(const HostGroup* h, size_t total, char* dst, const char* src,
 // one cache line when the buffers are 64-byte aligned.
 std::pair<size_t, size_t> zero_copy_block(size_t count, size_t e, int L, int q) {
   const size_t unit = std::max<size_t>(1, 64 / e);
-  const size_t units = (count + unit - 1) / unit;
-  const size_t per = units / static_cast<size_t>(L), extra = units % static_cast<size_t>(L);
+  const algo::Partition p = algo::balanced((count + unit - 1) / unit, L);
   const size_t uq = static_cast<size_t>(q);
-  const size_t first_unit = uq * per + std::min(uq, extra);
-  const size_t n_units = per + (uq < extra ? 1 : 0);
-  const size_t first = std::min(count, first_unit * unit);
-  return {first, std::min(count, (first_unit + n_units) * unit) - first};
+  const size_t first = std::min(count, p.off[uq] * unit);
+  return {first, std::min(count, (p.off[uq] + p.len[uq]) * unit) - first};
 }
 
 // The elements of one pass of a zero-copy combine: 16 KiB, in L1.
@@ -464,10 +471,7 @@ __attribute__((target("avx512f"))) void zero_copy_sum_f32_nt(const std::vector<c
 }
 
 bool cpu_has_avx512f() {
-  static const bool yes = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") != 0;
-  }();
+  static const bool yes = std::string_view(kernels::reduce_isa()) == "avx512";
   return yes;
 }
 
@@ -630,15 +634,7 @@ Task host_pass(OpCtx& c, HostGroup* h, HostPass a) {
   }
   const bool reduce = a.in != nullptr;
   const bool i_gather = a.gather && (a.gather_root < 0 || a.gather_root == me);
-  // Results of large ops go to user memory with non-temporal stores.
-  auto put = [nt = total >= h->nt_bytes](char* dst, const char* src, size_t n) {
-    if (n == 0 || dst == src) return;
-    if (nt) {
-      stream_copy(dst, src, n);
-    } else {
-      std::memcpy(dst, src, n);
-    }
-  };
+  auto put = [nt = total >= h->nt_bytes](char* dst, const char* src, size_t n) { put_output(dst, src, n, nt); };
   auto len = [&](int p, size_t t) { return algo::chunk_len(a.len[static_cast<size_t>(p)], ce, t); };
   // This rank's stripe t of every other block into its in-slot of round r.
   auto copy_in = [&](size_t t, uint64_t r) {
@@ -968,7 +964,8 @@ Task host_all_to_all(OpCtx& c, HostGroup* h, const void* in_v, void* out_v, std:
   }
   // Only the pairs know their block sizes: agree on the number of rounds
   // through the mailboxes first, and on whether every rank's blocks are all
-  // the same size and large enough to try the zero-copy path.
+  // the same size, large enough and in shared host memory, to try the
+  // zero-copy path (heap buffers then cost no extra round).
   const bool uniform = std::all_of(send_counts.begin(), send_counts.end(),
                                    [&](size_t n) { return n == send_counts[0]; }) &&
                        std::all_of(recv_counts.begin(), recv_counts.end(),
@@ -976,18 +973,16 @@ Task host_all_to_all(OpCtx& c, HostGroup* h, const void* in_v, void* out_v, std:
   uint64_t most = largest;
   bool all_zero_copy = true;
   {
-    const uint64_t mine[2] = {largest, uniform && send_counts[0] > 0 && zero_copy_wanted(h, total) ? 1u : 0u};
-    const uint64_t r = ++h->round;
-    co_await wait_mailbox_free(c, h, r);
-    publish_mailbox(h, r, mine, sizeof(mine));
-    co_await wait_mailboxes(c, h, r);
+    const bool eligible =
+        uniform && send_counts[0] > 0 && zero_copy_wanted(h, total) && is_shared_host(in, total);
+    const uint64_t mine[2] = {largest, eligible ? 1u : 0u};
+    co_await exchange_mailboxes(c, h, mine, sizeof(mine));
     for (int q = 0; q < L; ++q) {
       uint64_t v[2];
-      std::memcpy(v, q == me ? mine : reinterpret_cast<const uint64_t*>(s.mailbox(q, r).data), sizeof(v));
+      std::memcpy(v, h->gathered.data() + static_cast<size_t>(q) * sizeof(v), sizeof(v));
       most = std::max(most, v[0]);
       all_zero_copy = all_zero_copy && v[1] != 0;
     }
-    signal(h, Counter::kConsumed, r);
   }
   if (all_zero_copy) {
     // Every rank copies block `me` of every input into its own output.
@@ -1026,12 +1021,7 @@ Task host_all_to_all(OpCtx& c, HostGroup* h, const void* in_v, void* out_v, std:
     for (size_t q = 0; q < static_cast<size_t>(L); ++q) {
       size_t n = algo::chunk_len(recv_counts[q] * elt, stripe, t);
       if (q == um || n == 0) continue;
-      const char* from = s.in_slot(static_cast<int>(q), r) + um * stripe;
-      if (nt) {
-        stream_copy(out + rdispl[q] + t * stripe, from, n);
-      } else {
-        std::memcpy(out + rdispl[q] + t * stripe, from, n);
-      }
+      put_output(out + rdispl[q] + t * stripe, s.in_slot(static_cast<int>(q), r) + um * stripe, n, nt);
     }
     signal(h, Counter::kConsumed, r);
     if (t + 1 < rounds) {

@@ -71,6 +71,7 @@ struct HostGroup {
   bool zero_copy_logged = false;       // the first zero-copy op of the group is logged (debug)
   std::vector<const char*> srcs;       // scratch: the sources of one combine
   std::vector<float> acc;              // scratch: f32 accumulator of an inline half combine
+  std::vector<char> gathered;          // scratch: every rank's mailbox data of one exchange
   Clock::time_point next_liveness_check{};
   int local_rank() const { return seg->local_rank(); }
   int local_size() const { return seg->local_size(); }
