@@ -239,39 +239,45 @@ class OfiBackend final : public Backend {
   // (issue it normally); a Work already complete when the peers arrived in
   // time; else the Work of an engine op that finishes it.
   WorkPtr inline_all_reduce(const void* in, void* out, size_t count, DType dt, ReduceOp op, Duration timeout) {
-    std::lock_guard<std::mutex> lock(issue_mu_);
-    if (!may_run_inline()) return nullptr;
-    HostGroup* h = &topo_->host;
     const int64_t divisor = op == ReduceOp::kAvg ? size() : 0;
-    const InlineOutcome got = host_all_reduce_inline(h, in, out, count, dt, op, divisor, inline_spin_);
-    if (got == InlineOutcome::kNotStarted) return nullptr;
-    WorkInfo wi = next_info(OpType::kAllReduce, dt, {static_cast<int64_t>(count)}, -1, true);
-    if (got == InlineOutcome::kDone) {
-      return std::allocate_shared<OfiWork>(CachedAllocator<OfiWork>(), std::move(wi), OfiWork::Completed{});
-    }
-    const uint64_t round = h->round;
-    return submit_locked(std::move(wi), timeout, true, [=](OpCtx& c, Topology* t, uint64_t) {
-      return host_all_reduce_finish(c, &t->host, round, in, out, count, dt, op, divisor);
-    });
+    return run_one_round_inline(
+        OpType::kAllReduce, dt, count, -1, timeout,
+        [&](HostGroup* h) { return host_all_reduce_inline(h, in, out, count, dt, op, divisor, inline_spin_); },
+        [=](OpCtx& c, Topology* t, uint64_t round) {
+          return host_all_reduce_finish(c, &t->host, round, in, out, count, dt, op, divisor);
+        });
   }
 
   // A one-round broadcast, the same way (host_broadcast_inline).
   WorkPtr inline_broadcast(void* buf, size_t count, DType dt, int root, Duration timeout) {
+    const size_t bytes = count * dtype_size(dt);
+    const int lroot = local_root(topo_.get(), root);
+    return run_one_round_inline(
+        OpType::kBroadcast, dt, count, root, timeout,
+        [&](HostGroup* h) { return host_broadcast_inline(h, buf, bytes, lroot, inline_spin_); },
+        [=](OpCtx& c, Topology* t, uint64_t round) {
+          return host_broadcast_finish(c, &t->host, round, buf, bytes, lroot);
+        });
+  }
+
+  // The common part of the two: `start` runs the op's inline form; a Work
+  // already complete when it finished, the engine's Work of `finish(round)`
+  // when a late peer left it published, null when it did not start.
+  template <typename Start, typename Finish>
+  WorkPtr run_one_round_inline(OpType type, DType dt, size_t count, int peer, Duration timeout, Start start,
+                               Finish finish) {
     std::lock_guard<std::mutex> lock(issue_mu_);
     if (!may_run_inline()) return nullptr;
     HostGroup* h = &topo_->host;
-    const size_t bytes = count * dtype_size(dt);
-    const int lroot = local_root(topo_.get(), root);
-    const InlineOutcome got = host_broadcast_inline(h, buf, bytes, lroot, inline_spin_);
+    const InlineOutcome got = start(h);
     if (got == InlineOutcome::kNotStarted) return nullptr;
-    WorkInfo wi = next_info(OpType::kBroadcast, dt, {static_cast<int64_t>(count)}, root, true);
+    WorkInfo wi = next_info(type, dt, {static_cast<int64_t>(count)}, peer, true);
     if (got == InlineOutcome::kDone) {
       return std::allocate_shared<OfiWork>(CachedAllocator<OfiWork>(), std::move(wi), OfiWork::Completed{});
     }
     const uint64_t round = h->round;
-    return submit_locked(std::move(wi), timeout, true, [=](OpCtx& c, Topology* t, uint64_t) {
-      return host_broadcast_finish(c, &t->host, round, buf, bytes, lroot);
-    });
+    return submit_locked(std::move(wi), timeout, true,
+                         [finish, round](OpCtx& c, Topology* t, uint64_t) { return finish(c, t, round); });
   }
 
   void check_rank(int r, const char* what) const {
