@@ -6,8 +6,8 @@ for 2 and 4 ranks, beside the single-core memcpy probe.
     python3 bench/collectives/run.py --build-dir build [--quick]
 
 For each rank count and backend it starts one mpirun of the backend's program
-(torus-bench-comm --backend ofi|mpi, the same with --buffers shared for
-"ofi shared bufs", torus-bench-mpi-peer, gloo_peer.py) over
+(torus-bench-comm --backend ofi|mpi, the same with --buffers heap for
+"ofi heap bufs", torus-bench-mpi-peer, gloo_peer.py) over
 all_reduce, reduce_scatter, all_gather, all_to_all and broadcast, 8 B to
 256 MiB, f32 sum. Every program verifies every size it measures (#wrong) and
 reports the median over iterations of the slowest rank's time per op (bench/
@@ -47,13 +47,16 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 OPS = ["all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast"]
-# "ofi-shared": the ofi backend on buffers from torus::comm::shared_host_alloc
-# (Note [Shared host buffers]), which take the zero-copy host path.
-BACKENDS = ["ofi", "ofi-shared", "mpi", "openmpi", "gloo"]
-OFI_VARIANTS = ["ofi", "ofi-shared"]
-LABEL = {"ofi": "torus ofi", "ofi-shared": "ofi shared bufs", "mpi": "torus mpi", "openmpi": "Open MPI",
+# "ofi": the ofi backend on tensor storage, as a Torus program has it: with
+# 2+ ranks on a host torus::init installs the shared host allocator (Note
+# [Shared host allocator]), so same-host ops take the zero-copy path.
+# "ofi-heap": the same on heap memory no peer can map (aligned_alloc): the
+# staging path, what tensors get with TORUS_SHARED_HOST_ALLOC=off.
+BACKENDS = ["ofi", "ofi-heap", "mpi", "openmpi", "gloo"]
+OFI_VARIANTS = ["ofi", "ofi-heap"]
+LABEL = {"ofi": "torus ofi", "ofi-heap": "ofi heap bufs", "mpi": "torus mpi", "openmpi": "Open MPI",
          "gloo": "gloo"}
-COLOR = {"ofi": "tab:blue", "ofi-shared": "tab:purple", "mpi": "tab:orange", "openmpi": "tab:green",
+COLOR = {"ofi": "tab:blue", "ofi-heap": "tab:purple", "mpi": "tab:orange", "openmpi": "tab:green",
          "gloo": "tab:red"}
 # The placement torch.distributed uses, which every backend here also has.
 IN_PLACE = {"all_reduce": True, "broadcast": True, "reduce": True,
@@ -111,8 +114,8 @@ class Runner:
             r = subprocess.run([str(comm), "--list-backends"], capture_output=True, text=True)
             built = r.stdout.split() if r.returncode == 0 else []
         for b in self.args.backends:
-            if b in ("ofi", "ofi-shared", "mpi"):
-                be = "ofi" if b == "ofi-shared" else b
+            if b in ("ofi", "ofi-heap", "mpi"):
+                be = "ofi" if b == "ofi-heap" else b
                 if not comm.exists():
                     self.skipped[b] = f"{comm} not built (configure with -DTORUS_BUILD_BENCH=ON, build torus_bench_comm)"
                 elif be not in built:
@@ -152,10 +155,10 @@ class Runner:
         """The mpirun command line and the variables it exports to the ranks
         (`sweep`: the program's sweep flags, default the run's)."""
         env = {"TORUS_LOG_LEVEL": "warn", "OMP_NUM_THREADS": "1"}
-        if backend in ("ofi", "ofi-shared", "mpi"):
+        if backend in ("ofi", "ofi-heap", "mpi"):
             prog = [str(self.bench / "torus-bench-comm"), "--backend", "mpi" if backend == "mpi" else "ofi"]
-            if backend == "ofi-shared":
-                prog += ["--buffers", "shared"]
+            if backend == "ofi-heap":
+                prog += ["--buffers", "heap"]
             # One host: the store listens on loopback at an address given up
             # front, so the bootstrap needs no hand-off through MPI (the ofi
             # runs then never initialise MPI), with a fresh job token.
@@ -193,8 +196,8 @@ class Runner:
         took = time.monotonic() - t0
         records = json.loads(json_path.read_text()) if json_path.exists() else []
         records = [r for r in records if "op" in r]
-        if backend == "ofi-shared":  # the program says "ofi"
-            records = [{**r, "backend": backend, "buffers": "shared"} for r in records]
+        if backend == "ofi-heap":  # the program says "ofi"
+            records = [{**r, "backend": backend, "buffers": "heap"} for r in records]
         wrong = sum(r["wrong"] for r in records if r.get("wrong", -1) > 0)
         if rc != 0 and not (rc == 2 and records):
             tail = log_path.read_text().strip().splitlines()[-3:]
@@ -311,7 +314,7 @@ def ratio(a, b):
 
 def goal_table(records, probe_gbps, pair_gbps=None):
     """The goal rows of the ofi issue, both placements: every backend's value,
-    then the ratios of each ofi variant (ordinary and shared buffers); and
+    then the ratios of each ofi variant (tensor and heap buffers); and
     the 64 MiB busbw against the two-copies-at-once probe, the rate DRAM
     gives each of two ranks streaming together."""
     cols = [b for b in BACKENDS if any(r["backend"] == b for r in records)]

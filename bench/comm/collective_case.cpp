@@ -10,6 +10,8 @@
 #include <new>
 
 #include "common/sweep.h"
+#include <c10/core/CPUAllocator.h>
+
 #include "torus/comm/shared_host.h"
 #include "torus/core/error.h"
 
@@ -126,25 +128,26 @@ int64_t count_wrong(DType t, const std::byte* p, size_t count, const std::vector
 
 }  // namespace
 
-void CollectiveCase::FreeDeleter::operator()(void* p) const {
-  if (shared) {
-    comm::shared_host_free(p);
-  } else {
-    std::free(p);
-  }
-}
-
-CollectiveCase::Buffer CollectiveCase::allocate(size_t bytes, bool shared) {
+CollectiveCase::Buffer CollectiveCase::allocate(size_t bytes, BufferKind kind) {
   if (bytes == 0) return Buffer(nullptr);
-  if (shared) return Buffer(static_cast<std::byte*>(comm::shared_host_alloc(bytes)), FreeDeleter{true});
+  switch (kind) {
+    case BufferKind::kShared:
+      return Buffer(static_cast<std::byte*>(comm::shared_host_alloc(bytes)), FreeDeleter{&comm::shared_host_free});
+    case BufferKind::kTensor: {
+      c10::Allocator* a = c10::GetCPUAllocator();
+      return Buffer(static_cast<std::byte*>(a->raw_allocate(bytes)), FreeDeleter{a->raw_deleter()});
+    }
+    case BufferKind::kHeap:
+      break;
+  }
   const size_t rounded = (bytes + 4095) / 4096 * 4096;
   void* p = std::aligned_alloc(4096, rounded);
   if (p == nullptr) throw std::bad_alloc();
-  return Buffer(static_cast<std::byte*>(p));
+  return Buffer(static_cast<std::byte*>(p), FreeDeleter{&std::free});
 }
 
 CollectiveCase::CollectiveCase(comm::Backend& backend, comm::OpType op, DType dtype, comm::ReduceOp redop, int root,
-                               size_t bytes, comm::Duration timeout, bool shared)
+                               size_t bytes, comm::Duration timeout, BufferKind buffers)
     : backend_(backend),
       op_(op),
       dtype_(dtype),
@@ -177,8 +180,8 @@ CollectiveCase::CollectiveCase(comm::Backend& backend, comm::OpType op, DType dt
     default:
       throw InvalidArgument("torus-bench-comm measures collectives only, not " + std::string(name));
   }
-  in_ = allocate(in_bytes_, shared);
-  out_ = allocate(out_bytes_, shared);
+  in_ = allocate(in_bytes_, buffers);
+  out_ = allocate(out_bytes_, buffers);
   split_counts_.assign(static_cast<size_t>(n_), block_);
 }
 

@@ -31,14 +31,21 @@ namespace torus::bench {
 
 enum class Placement { kOutOfPlace, kInPlace };
 
+// Where a case's buffers come from:
+//  kTensor: LibTorch's CPU allocator, as a tensor's storage would (after
+//           comm::maybe_install_shared_host_allocator, the shared host
+//           allocator where Torus installs it by default);
+//  kHeap:   ordinary heap memory (aligned_alloc);
+//  kShared: torus::comm::shared_host_alloc (Note [Shared host buffers]).
+enum class BufferKind { kTensor, kHeap, kShared };
+
 class CollectiveCase {
  public:
   // `bytes` is the requested size; count() follows the rules of sweep.h.
   // `root` matters for broadcast and reduce, `redop` for the reductions.
-  // `shared`: buffers from torus::comm::shared_host_alloc (Note [Shared
-  // host buffers]) instead of ordinary heap memory.
+  // `buffers`: where the input and output come from (BufferKind).
   CollectiveCase(comm::Backend& backend, comm::OpType op, DType dtype, comm::ReduceOp redop, int root, size_t bytes,
-                 comm::Duration timeout, bool shared = false);
+                 comm::Duration timeout, BufferKind buffers = BufferKind::kHeap);
 
   size_t count() const { return count_; }
   size_t bytes() const { return count_ * elt_; }
@@ -53,11 +60,11 @@ class CollectiveCase {
 
  private:
   struct FreeDeleter {
-    bool shared;  // no initializer: value-initialized (false) by unique_ptr
-    void operator()(void* p) const;
+    void (*free)(void*);  // no initializer: value-initialized (null) by unique_ptr
+    void operator()(void* p) const { free(p); }
   };
   using Buffer = std::unique_ptr<std::byte, FreeDeleter>;
-  static Buffer allocate(size_t bytes, bool shared);
+  static Buffer allocate(size_t bytes, BufferKind kind);
 
   std::byte* in_place_input();  // where the input lies for the in-place form
   std::byte* in_place_output();

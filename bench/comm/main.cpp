@@ -22,6 +22,7 @@
 #include "collective_case.h"
 #include "common/membw.h"
 #include "common/options.h"
+#include "torus/comm/shared_host.h"
 #include "common/report.h"
 #include "common/sweep.h"
 #include "torus/comm/context.h"
@@ -42,7 +43,7 @@ struct Options {
   int root = 0;
   comm::Duration timeout{std::chrono::minutes(5)};
   bool list_backends = false;
-  bool shared_buffers = false;  // --buffers shared
+  BufferKind buffers = BufferKind::kTensor;  // --buffers
 };
 
 void print_help() {
@@ -57,8 +58,10 @@ void print_help() {
       "  -o, --redop NAME       sum (default), max or min (the reductions whose results are exact)\n"
       "  -r, --root N           root of broadcast and reduce (default 0)\n"
       "      --timeout-ms MS    deadline of each op (default 300000)\n"
-      "      --buffers KIND     user (default): heap memory; shared: torus::comm::shared_host_alloc, which\n"
-      "                         lets the ofi backend's host path skip its staging copies\n"
+      "      --buffers KIND     tensor (default): LibTorch's CPU allocator, as torus::init sets it up (on ofi\n"
+      "                         with 2+ ranks on a host: the shared host allocator, unless\n"
+      "                         TORUS_SHARED_HOST_ALLOC=off); heap (or user): aligned_alloc, memory no peer\n"
+      "                         can map; shared: torus::comm::shared_host_alloc\n"
       "      --list-backends    print the host backends built into this Torus, one a line, and exit\n\n"
       "Ops: all_reduce, reduce_scatter, all_gather, all_to_all, broadcast, reduce.\n"
       "Time is the median over iterations of the slowest rank's time for one op. Columns and\n"
@@ -82,8 +85,15 @@ Options parse(int argc, char** argv) {
   if (auto v = args.value({"--timeout-ms"})) o.timeout = comm::Duration(std::stoll(*v));
   o.list_backends = args.flag({"--list-backends"});
   if (auto v = args.value({"--buffers"})) {
-    if (*v != "user" && *v != "shared") throw InvalidArgument("--buffers must be user or shared, not " + *v);
-    o.shared_buffers = *v == "shared";
+    if (*v == "tensor") {
+      o.buffers = BufferKind::kTensor;
+    } else if (*v == "heap" || *v == "user") {
+      o.buffers = BufferKind::kHeap;
+    } else if (*v == "shared") {
+      o.buffers = BufferKind::kShared;
+    } else {
+      throw InvalidArgument("--buffers must be tensor, heap or shared, not " + *v);
+    }
   }
   args.finish();
   return o;
@@ -119,7 +129,7 @@ class Runner {
       return;
     }
     for (size_t bytes : o_.sweep.sweep()) {
-      CollectiveCase c(be_, op, o_.dtype, o_.redop, o_.root, bytes, o_.timeout, o_.shared_buffers);
+      CollectiveCase c(be_, op, o_.dtype, o_.redop, o_.root, bytes, o_.timeout, o_.buffers);
       Row row;
       for (Placement p : {Placement::kOutOfPlace, Placement::kInPlace}) {
         if (!c.has(p)) continue;
@@ -196,6 +206,8 @@ int run(const Options& o) {
   if (o.sweep.probe && launch.rank == 0) probe = memcpy_probe();
 
   auto ctx = comm::Context::create(init);
+  // As torus::init does; the report says what the tensor buffers are.
+  const bool shared_alloc = o.buffers == BufferKind::kTensor && comm::maybe_install_shared_host_allocator(*ctx);
   Backend& be = *ctx->host_backend();
   if (o.root < 0 || o.root >= be.size()) throw InvalidArgument("--root must be a rank of the world");
   const bool leader = be.rank() == 0;
@@ -203,6 +215,10 @@ int run(const Options& o) {
   report.preamble("torus-bench-comm", std::string(be.name()), be.size(), std::string(dtype_name(o.dtype)),
                   std::string(comm::reduce_op_name(o.redop)), o.sweep.iters, o.sweep.warmup, o.sweep.iter_budget,
                   o.sweep.check, probe);
+  report.note(o.buffers == BufferKind::kHeap     ? "buffers: heap (aligned_alloc)"
+              : o.buffers == BufferKind::kShared ? "buffers: shared_host_alloc"
+              : shared_alloc                     ? "buffers: tensor storage from the shared host allocator"
+                                                 : "buffers: tensor storage from LibTorch's CPU allocator");
   if (const char* prov = std::getenv("FI_PROVIDER"); prov && be.name() == "ofi") {
     report.note(std::string("FI_PROVIDER=") + prov);
   }

@@ -357,6 +357,27 @@ at::Tensor shared_host_zeros(at::IntArrayRef sizes, c10::ScalarType dtype) {
       p, sizes, [](void* q) { shared_host_free(q); }, at::TensorOptions().dtype(dtype).device(at::kCPU));
 }
 
+bool maybe_install_shared_host_allocator(const Context& ctx) {
+  const SharedHostAllocPolicy policy = shared_host_alloc_policy_from_env();
+  if (policy == SharedHostAllocPolicy::kOff) return false;
+  const auto& host_of = ctx.hosts().host_of_rank;
+  const int mine = host_of.empty() ? 0 : host_of[static_cast<size_t>(ctx.rank())];
+  const auto local = std::count(host_of.begin(), host_of.end(), mine);
+  if (policy == SharedHostAllocPolicy::kAuto && (ctx.host_backend_name() != "ofi" || local < 2)) return false;
+  const bool on = install_shared_host_allocator();
+  if (ctx.rank() == 0) {
+    if (on) {
+      TORUS_LOG_INFO("CPU tensors of >= {} bytes now come from shared host memory, so same-host collectives on them "
+                     "skip the staging copies (TORUS_SHARED_HOST_ALLOC=off keeps LibTorch's allocator)",
+                     SharedHostAllocatorOptions::from_env().min_bytes);
+    } else {
+      TORUS_LOG_WARN("the shared host allocator could not replace LibTorch's CPU allocator; CPU tensors use "
+                     "ordinary memory");
+    }
+  }
+  return on;
+}
+
 void ProcessGroup::abort(const std::string& reason) {
   host_->abort(reason);
   if (device_) device_->abort(reason);
@@ -368,6 +389,7 @@ namespace torus {
 
 comm::ProcessGroupPtr init(const comm::InitOptions& options) {
   auto ctx = comm::Context::create(options);
+  comm::maybe_install_shared_host_allocator(*ctx);
   return std::make_shared<comm::ProcessGroup>(ctx, ctx->host_backend(), ctx->device_backend());
 }
 

@@ -1,6 +1,9 @@
-// Shared host memory (torus/comm/shared_host.h).
+// Shared host memory (torus/comm/shared_host.h): single allocations, the
+// slab pool, and what happens to both across fork().
 #include "torus/comm/shared_host.h"
 
+#include <fcntl.h>
+#include <pthread.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -9,68 +12,220 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
 
 #include "core/log.h"
 #include "torus/core/error.h"
+#include "torus/core/params.h"
 
 namespace torus::comm {
 namespace {
 
+constexpr size_t kSlabAlign = size_t{2} << 20;
+
+// One shared file mapped into this process: a single allocation, or a slab.
 struct Region {
   uint32_t id;
   int fd;
   uint64_t inode;
   size_t bytes;
+  bool slab = false;
+  bool orphaned = false;  // in a fork() child: private now, never offered to peers
+  size_t used = 0;        // slab: bytes in live blocks
 };
 
+struct FreeBlock {
+  size_t bytes;
+  uintptr_t slab;
+  size_t cached;  // bytes that may still hold pages (an upper bound)
+};
+
+struct LiveBlock {
+  size_t bytes;
+  uintptr_t slab;
+};
+
+// Note [Shared host registry]: one mutex guards the regions, the pool's
+// block maps and the counters. Every system call the pool makes under it is
+// short (mmap, fallocate); fork() takes it (prepare handler) so that the
+// child sees a consistent registry.
 struct Registry {
   std::mutex mu;
   std::map<uintptr_t, Region> by_base;  // start address -> region
   uint32_t next_id = 1;
+
+  SharedHostPoolOptions pool;
+  std::map<uintptr_t, FreeBlock> free_by_addr;
+  std::set<std::pair<size_t, uintptr_t>> free_by_size;
+  std::unordered_map<uintptr_t, LiveBlock> live;
+  size_t cached = 0;   // sum of FreeBlock::cached
+  size_t slabs = 0;
+  size_t slab_bytes = 0;
+  size_t live_bytes = 0;
+  uint64_t allocs = 0;
+  uint64_t slabs_made = 0;
+  uint64_t punches = 0;
 };
 
+void fork_prepare();
+void fork_parent();
+void fork_child();
+
 Registry& registry() {
-  static Registry* r = new Registry();  // never destroyed: frees may run during static destruction
+  static Registry* r = [] {
+    auto* reg = new Registry();  // never destroyed: frees may run during static destruction
+    ::pthread_atfork(&fork_prepare, &fork_parent, &fork_child);
+    return reg;
+  }();
   return *r;
+}
+
+void fork_prepare() { registry().mu.lock(); }
+void fork_parent() { registry().mu.unlock(); }
+
+// The child keeps every region at its address but as a private
+// (copy-on-write) mapping of the file, so its writes stay its own, and
+// stops offering them: its pid is not the one peers know, and the pool's
+// free blocks are forgotten (blocks still live in the child stay mapped
+// until it exits).
+void fork_child() {
+  Registry& r = registry();
+  for (auto& [base, g] : r.by_base) {
+    if (g.orphaned) continue;
+    ::mmap(reinterpret_cast<void*>(base), g.bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, g.fd, 0);
+    ::close(g.fd);
+    g.fd = -1;
+    g.orphaned = true;
+  }
+  r.free_by_addr.clear();
+  r.free_by_size.clear();
+  r.cached = 0;
+  r.slabs = 0;
+  r.slab_bytes = 0;
+  r.mu.unlock();
+}
+
+size_t page_size() {
+  static const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  return page;
+}
+
+size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+// A new shared file of `rounded` bytes mapped here; the caller registers it.
+struct NewFile {
+  void* p;
+  int fd;
+  uint64_t inode;
+};
+NewFile map_new_file(size_t rounded, const char* what, size_t requested) {
+  int fd = ::memfd_create("torus-shared-host", MFD_CLOEXEC);
+  TORUS_CHECK(fd >= 0, CommError, "{}({}): memfd_create failed: {}", what, requested, std::strerror(errno));
+  auto fail = [&](const char* call) {
+    const int err = errno;
+    ::close(fd);
+    return CommError(fmt::format("{}({}): {} failed: {}", what, requested, call, std::strerror(err)));
+  };
+  if (::ftruncate(fd, static_cast<off_t>(rounded)) != 0) throw fail("ftruncate");
+  struct stat st{};
+  if (::fstat(fd, &st) != 0) throw fail("fstat");
+  void* p = ::mmap(nullptr, rounded, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) throw fail("mmap");
+  return {p, fd, static_cast<uint64_t>(st.st_ino)};
+}
+
+uint32_t take_id(Registry& r) {
+  const uint32_t id = r.next_id++;
+  if (r.next_id == 0) r.next_id = 1;  // 0 means "not shared" to the peers
+  return id;
+}
+
+// --- the pool's free lists (caller holds the mutex) ---------------------------
+
+void insert_free(Registry& r, uintptr_t a, const FreeBlock& b) {
+  r.free_by_addr.emplace(a, b);
+  r.free_by_size.emplace(b.bytes, a);
+  r.cached += b.cached;
+}
+
+FreeBlock erase_free(Registry& r, std::map<uintptr_t, FreeBlock>::iterator it) {
+  FreeBlock b = it->second;
+  r.free_by_size.erase({b.bytes, it->first});
+  r.cached -= b.cached;
+  r.free_by_addr.erase(it);
+  return b;
+}
+
+// Slabs given back by trim_cache, unmapped and closed once the mutex is
+// released.
+struct Released {
+  uintptr_t base;
+  size_t bytes;
+  int fd;
+};
+
+// Gives memory back until at most half of the cache budget is kept: first
+// whole slabs with no live block, then the pages of free blocks, lowest
+// address first.
+void trim_cache(Registry& r, std::vector<Released>& released) {
+  const size_t keep = r.pool.cache_bytes / 2;
+  for (auto it = r.by_base.begin(); it != r.by_base.end() && r.cached > keep;) {
+    Region& g = it->second;
+    if (!g.slab || g.orphaned || g.used != 0) {
+      ++it;
+      continue;
+    }
+    erase_free(r, r.free_by_addr.find(it->first));  // the slab is one free block
+    released.push_back({it->first, g.bytes, g.fd});
+    --r.slabs;
+    r.slab_bytes -= g.bytes;
+    it = r.by_base.erase(it);
+  }
+  for (auto it = r.free_by_addr.begin(); it != r.free_by_addr.end() && r.cached > keep; ++it) {
+    FreeBlock& b = it->second;
+    if (b.cached == 0) continue;
+    const Region& g = r.by_base.at(b.slab);
+    const off_t off = static_cast<off_t>(it->first - b.slab);
+    if (::fallocate(g.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off, static_cast<off_t>(b.bytes)) != 0) {
+      TORUS_LOG_DEBUG("shared host pool: giving back {} bytes failed: {}", b.bytes, std::strerror(errno));
+      continue;
+    }
+    r.cached -= b.cached;
+    b.cached = 0;
+    ++r.punches;
+  }
+}
+
+void release_slabs(const std::vector<Released>& released) {
+  for (const Released& s : released) {
+    // Peers may keep the file mapped for a while: free its pages now.
+    ::fallocate(s.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, static_cast<off_t>(s.bytes));
+    ::munmap(reinterpret_cast<void*>(s.base), s.bytes);
+    ::close(s.fd);
+  }
 }
 
 }  // namespace
 
+// --- single allocations -----------------------------------------------------------
+
 void* shared_host_alloc(size_t bytes) {
   TORUS_CHECK(bytes > 0, InvalidArgument, "shared_host_alloc: bytes must be > 0");
-  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
-  const size_t rounded = (bytes + page - 1) / page * page;
-  int fd = ::memfd_create("torus-shared-host", MFD_CLOEXEC);
-  TORUS_CHECK(fd >= 0, CommError, "shared_host_alloc({}): memfd_create failed: {}", bytes, std::strerror(errno));
-  if (::ftruncate(fd, static_cast<off_t>(rounded)) != 0) {
-    const int err = errno;
-    ::close(fd);
-    throw CommError(fmt::format("shared_host_alloc({}): ftruncate failed: {}", bytes, std::strerror(err)));
-  }
-  struct stat st{};
-  if (::fstat(fd, &st) != 0) {
-    const int err = errno;
-    ::close(fd);
-    throw CommError(fmt::format("shared_host_alloc({}): fstat failed: {}", bytes, std::strerror(err)));
-  }
-  void* p = ::mmap(nullptr, rounded, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (p == MAP_FAILED) {
-    const int err = errno;
-    ::close(fd);
-    throw CommError(fmt::format("shared_host_alloc({}): mmap failed: {}", bytes, std::strerror(err)));
-  }
+  const size_t rounded = round_up(bytes, page_size());
+  NewFile f = map_new_file(rounded, "shared_host_alloc", bytes);
   try {
     Registry& r = registry();
     std::lock_guard<std::mutex> lock(r.mu);
-    const uint32_t id = r.next_id++;
-    if (r.next_id == 0) r.next_id = 1;  // 0 means "not shared" to the peers
-    r.by_base.emplace(reinterpret_cast<uintptr_t>(p), Region{id, fd, static_cast<uint64_t>(st.st_ino), rounded});
+    r.by_base.emplace(reinterpret_cast<uintptr_t>(f.p), Region{take_id(r), f.fd, f.inode, rounded});
   } catch (...) {
-    ::munmap(p, rounded);
-    ::close(fd);
+    ::munmap(f.p, rounded);
+    ::close(f.fd);
     throw;
   }
-  return p;
+  return f.p;
 }
 
 void shared_host_free(void* p) {
@@ -80,13 +235,13 @@ void shared_host_free(void* p) {
     Registry& r = registry();
     std::lock_guard<std::mutex> lock(r.mu);
     auto it = r.by_base.find(reinterpret_cast<uintptr_t>(p));
-    TORUS_CHECK(it != r.by_base.end(), InvalidArgument,
+    TORUS_CHECK(it != r.by_base.end() && !it->second.slab, InvalidArgument,
                 "shared_host_free: {} is not the start of memory from shared_host_alloc", p);
     region = it->second;
     r.by_base.erase(it);
   }
   ::munmap(p, region.bytes);
-  ::close(region.fd);
+  if (region.fd >= 0) ::close(region.fd);
 }
 
 std::optional<SharedHostSpan> find_shared_host(const void* p, size_t bytes) {
@@ -99,8 +254,157 @@ std::optional<SharedHostSpan> find_shared_host(const void* p, size_t bytes) {
   --it;
   const size_t off = a - it->first;
   const Region& g = it->second;
-  if (off >= g.bytes || bytes > g.bytes - off) return std::nullopt;
+  if (g.orphaned || off >= g.bytes || bytes > g.bytes - off) return std::nullopt;
   return SharedHostSpan{g.id, g.fd, g.inode, off, g.bytes};
+}
+
+// --- the pool ---------------------------------------------------------------------
+
+SharedHostPoolOptions SharedHostPoolOptions::from_env() {
+  SharedHostPoolOptions o;
+  if (auto v = env_int("TORUS_SHARED_HOST_SLAB_BYTES")) {
+    TORUS_CHECK(*v >= static_cast<int64_t>(kSlabAlign), InvalidArgument,
+                "TORUS_SHARED_HOST_SLAB_BYTES={} must be >= {} (2 MiB)", *v, kSlabAlign);
+    o.slab_bytes = static_cast<size_t>(*v);
+  }
+  if (auto v = env_int("TORUS_SHARED_HOST_CACHE_BYTES")) {
+    TORUS_CHECK(*v >= 0, InvalidArgument, "TORUS_SHARED_HOST_CACHE_BYTES={} must be >= 0", *v);
+    o.cache_bytes = static_cast<size_t>(*v);
+  }
+  return o;
+}
+
+void set_shared_host_pool_options(const SharedHostPoolOptions& options) {
+  TORUS_CHECK(options.slab_bytes >= kSlabAlign, InvalidArgument, "shared host pool: slab_bytes {} must be >= {}",
+              options.slab_bytes, kSlabAlign);
+  Registry& r = registry();
+  std::vector<Released> released;
+  {
+    std::lock_guard<std::mutex> lock(r.mu);
+    r.pool = options;
+    r.pool.slab_bytes = round_up(options.slab_bytes, kSlabAlign);
+    if (r.cached > r.pool.cache_bytes) trim_cache(r, released);
+  }
+  release_slabs(released);
+}
+
+void* shared_host_pool_alloc(size_t bytes) {
+  TORUS_CHECK(bytes > 0, InvalidArgument, "shared_host_pool_alloc: bytes must be > 0");
+  TORUS_CHECK(bytes <= (size_t{1} << 62), InvalidArgument, "shared_host_pool_alloc: {} bytes is too large", bytes);
+  const size_t n = round_up(bytes, page_size());
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  auto fit = r.free_by_size.lower_bound({n, 0});
+  if (fit == r.free_by_size.end()) {
+    const size_t slab = std::max(r.pool.slab_bytes, round_up(n, kSlabAlign));
+    NewFile f = map_new_file(slab, "shared_host_pool_alloc", bytes);
+    const uintptr_t base = reinterpret_cast<uintptr_t>(f.p);
+    try {
+      Region g{take_id(r), f.fd, f.inode, slab};
+      g.slab = true;
+      r.by_base.emplace(base, g);
+      insert_free(r, base, FreeBlock{slab, base, 0});
+    } catch (...) {
+      r.by_base.erase(base);
+      ::munmap(f.p, slab);
+      ::close(f.fd);
+      throw;
+    }
+    ++r.slabs;
+    ++r.slabs_made;
+    r.slab_bytes += slab;
+    fit = r.free_by_size.lower_bound({n, 0});
+  }
+  const uintptr_t a = fit->second;
+  FreeBlock b = erase_free(r, r.free_by_addr.find(a));
+  if (b.bytes > n) {
+    const size_t taken_cached = std::min(b.cached, n);
+    insert_free(r, a + n, FreeBlock{b.bytes - n, b.slab, b.cached - taken_cached});
+  }
+  r.live.emplace(a, LiveBlock{n, b.slab});
+  r.by_base.at(b.slab).used += n;
+  r.live_bytes += n;
+  ++r.allocs;
+  return reinterpret_cast<void*>(a);
+}
+
+bool shared_host_pool_free(void* p) noexcept {
+  if (p == nullptr) return false;
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  Registry& r = registry();
+  std::vector<Released> released;
+  {
+    std::lock_guard<std::mutex> lock(r.mu);
+    auto lit = r.live.find(a);
+    if (lit == r.live.end()) return false;
+    const LiveBlock blk = lit->second;
+    r.live.erase(lit);
+    Region& g = r.by_base.at(blk.slab);
+    if (g.orphaned) return true;  // a fork() child's copy: kept until exit
+    g.used -= blk.bytes;
+    r.live_bytes -= blk.bytes;
+
+    FreeBlock merged{blk.bytes, blk.slab, blk.bytes};
+    uintptr_t start = a;
+    auto next = r.free_by_addr.find(a + blk.bytes);
+    if (next != r.free_by_addr.end() && next->second.slab == blk.slab) {
+      FreeBlock nb = erase_free(r, next);
+      merged.bytes += nb.bytes;
+      merged.cached += nb.cached;
+    }
+    auto prev = r.free_by_addr.lower_bound(a);
+    if (prev != r.free_by_addr.begin()) {
+      --prev;
+      if (prev->second.slab == blk.slab && prev->first + prev->second.bytes == a) {
+        start = prev->first;
+        FreeBlock pb = erase_free(r, prev);
+        merged.bytes += pb.bytes;
+        merged.cached += pb.cached;
+      }
+    }
+    insert_free(r, start, merged);
+    // A wholly free slab stays (the next step's tensors reuse its pages)
+    // until the cache is over budget.
+    if (r.cached > r.pool.cache_bytes) trim_cache(r, released);
+  }
+  release_slabs(released);
+  return true;
+}
+
+SharedHostPoolStats shared_host_pool_stats() {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  SharedHostPoolStats s;
+  s.slabs = r.slabs;
+  s.slab_bytes = r.slab_bytes;
+  s.live_blocks = r.live.size();
+  s.live_bytes = r.live_bytes;
+  for (const auto& [a, b] : r.free_by_addr) s.free_bytes += b.bytes;
+  s.cached_bytes = r.cached;
+  s.allocs = r.allocs;
+  s.slabs_made = r.slabs_made;
+  s.punches = r.punches;
+  return s;
+}
+
+// --- the allocator's policy (the allocator itself is in the tensor layer) ---------
+
+SharedHostAllocPolicy shared_host_alloc_policy_from_env() {
+  auto v = env_string("TORUS_SHARED_HOST_ALLOC");
+  if (!v || v->empty() || *v == "auto") return SharedHostAllocPolicy::kAuto;
+  if (*v == "on" || *v == "1") return SharedHostAllocPolicy::kOn;
+  if (*v == "off" || *v == "0") return SharedHostAllocPolicy::kOff;
+  throw InvalidArgument(fmt::format("TORUS_SHARED_HOST_ALLOC='{}' must be auto, on or off", *v));
+}
+
+SharedHostAllocatorOptions SharedHostAllocatorOptions::from_env() {
+  SharedHostAllocatorOptions o;
+  if (auto v = env_int("TORUS_SHARED_HOST_ALLOC_MIN_BYTES")) {
+    TORUS_CHECK(*v >= 1, InvalidArgument, "TORUS_SHARED_HOST_ALLOC_MIN_BYTES={} must be >= 1", *v);
+    o.min_bytes = static_cast<size_t>(*v);
+  }
+  o.pool = SharedHostPoolOptions::from_env();
+  return o;
 }
 
 }  // namespace torus::comm

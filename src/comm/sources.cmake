@@ -13,4 +13,5 @@ target_sources(torus_base PRIVATE
 # The tensor-facing layer.
 target_sources(torus PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/process_group.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/shared_host_allocator.cpp
   ${CMAKE_CURRENT_LIST_DIR}/device_mesh.cpp)

@@ -60,8 +60,11 @@ const std::set<std::string>& known_variables() {
       "TORUS_STORE_TIMEOUT_MS", "TORUS_OFI_PROVIDER",
       // ofi backend tuning, read by src/comm/ofi/ofi_options.cpp (docs/ofi.md).
       "TORUS_OFI_HOST_SHM", "TORUS_OFI_SHM_CHUNK_BYTES", "TORUS_OFI_SHM_STAGE_BYTES", "TORUS_OFI_SHM_DEPTH",
-      "TORUS_OFI_SHM_EAGER_BYTES", "TORUS_OFI_SHM_NT_BYTES", "TORUS_OFI_RD_MAX_BYTES", "TORUS_OFI_TREE_MAX_BYTES", "TORUS_OFI_CHUNK_BYTES",
+      "TORUS_OFI_SHM_EAGER_BYTES", "TORUS_OFI_SHM_ZERO_COPY_BYTES", "TORUS_OFI_SHM_NT_BYTES", "TORUS_OFI_RD_MAX_BYTES", "TORUS_OFI_TREE_MAX_BYTES", "TORUS_OFI_CHUNK_BYTES",
       "TORUS_OFI_WINDOW", "TORUS_OFI_REGISTER_LOCAL",
+      // The shared host allocator and pool (src/comm/shared_host.cpp, docs/comm.md).
+      "TORUS_SHARED_HOST_ALLOC", "TORUS_SHARED_HOST_ALLOC_MIN_BYTES", "TORUS_SHARED_HOST_SLAB_BYTES",
+      "TORUS_SHARED_HOST_CACHE_BYTES",
       // Read by tools and tests rather than the library.
       "TORUS_BUILD_DIR", "TORUS_TEST_SCALE"};
   return known;

@@ -4,3 +4,16 @@ target_link_libraries(torus_pg_tests PRIVATE torus_test_main torus)
 foreach(_np 1 2 3 4)
   torus_add_mpi_test(NAME process_group_np${_np} TARGET torus_pg_tests NP ${_np} LABELS "comm" TIMEOUT 240)
 endforeach()
+
+# The shared host allocator in one process (no launcher).
+add_executable(torus_shared_host_tests ${CMAKE_CURRENT_LIST_DIR}/shared_host_allocator_test.cpp)
+target_link_libraries(torus_shared_host_tests PRIVATE torus_test_main torus)
+torus_add_test(NAME shared_host_allocator TARGET torus_shared_host_tests LABELS "comm" TIMEOUT 120)
+if(TORUS_WITH_OFI)
+  # The tensor-level suite on ofi, where torus::init installs the shared host
+  # allocator: large tensors take the zero-copy path.
+  foreach(_np 2 3)
+    torus_add_mpi_test(NAME process_group_ofi_np${_np} TARGET torus_pg_tests NP ${_np} LABELS "comm;ofi" TIMEOUT 240
+                       ENV TORUS_BACKEND=ofi)
+  endforeach()
+endif()

@@ -8,6 +8,7 @@
 // peer is named.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -27,13 +28,25 @@ using Ms = std::chrono::milliseconds;
 // `n` elements of T in shared host memory, `skew` bytes past the start of
 // their allocation (a skew that is not a multiple of 64 takes the path for
 // unaligned outputs).
+// Where SharedVec takes its memory: single allocations (shared_host_alloc)
+// or blocks of the slab pool (shared_host_pool_alloc).
+bool g_pool_buffers = false;
+
 template <typename T>
 class SharedVec {
  public:
-  SharedVec(size_t n, size_t skew = 0) : n_(n), base_(shared_host_alloc(n * sizeof(T) + skew + 64)) {
+  SharedVec(size_t n, size_t skew = 0) : n_(n), pool_(g_pool_buffers) {
+    const size_t bytes = n * sizeof(T) + skew + 64;
+    base_ = pool_ ? shared_host_pool_alloc(bytes) : shared_host_alloc(bytes);
     p_ = reinterpret_cast<T*>(static_cast<char*>(base_) + skew);
   }
-  ~SharedVec() { shared_host_free(base_); }
+  ~SharedVec() {
+    if (pool_) {
+      shared_host_pool_free(base_);
+    } else {
+      shared_host_free(base_);
+    }
+  }
   SharedVec(const SharedVec&) = delete;
   SharedVec& operator=(const SharedVec&) = delete;
   T* data() { return p_; }
@@ -43,6 +56,7 @@ class SharedVec {
 
  private:
   size_t n_;
+  bool pool_;
   void* base_;
   T* p_;
 };
@@ -82,6 +96,177 @@ TEST(SharedHost, AllocationsAreFoundAndFreed) {
   EXPECT_GT(span_r->id, span_q->id);
   shared_host_free(r);
   shared_host_free(q);
+}
+
+// Restores the pool's options at the end of a test.
+struct PoolOptionsScope {
+  explicit PoolOptionsScope(const SharedHostPoolOptions& o) { set_shared_host_pool_options(o); }
+  ~PoolOptionsScope() { set_shared_host_pool_options(SharedHostPoolOptions{}); }
+};
+
+size_t page_bytes() { return static_cast<size_t>(::sysconf(_SC_PAGESIZE)); }
+
+// Blocks of the pool: page aligned and rounded, disjoint, found inside
+// their slab at the right offset; a request larger than a slab gets a slab
+// of its own, kept for reuse while the cache allows and returned past it;
+// freed neighbours coalesce, so the slab is one free block again; pointers
+// from elsewhere are refused.
+TEST(SharedHostPool, BlocksAreDisjointFoundAndCoalesced) {
+  PoolOptionsScope scope({size_t{4} << 20, size_t{64} << 20});
+  const size_t page = page_bytes();
+  const SharedHostPoolStats s0 = shared_host_pool_stats();
+  const std::vector<size_t> sizes = {1, page, page + 1, 5000, size_t{1} << 20, (size_t{3} << 20) - 7};
+  std::vector<char*> blocks;
+  size_t rounded_total = 0;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    char* p = static_cast<char*>(shared_host_pool_alloc(sizes[i]));
+    ASSERT_EQ(reinterpret_cast<uintptr_t>(p) % page, 0u) << "block " << i << " not page aligned";
+    std::memset(p, static_cast<int>(i + 1), sizes[i]);
+    auto span = find_shared_host(p, sizes[i]);
+    ASSERT_TRUE(span.has_value()) << "block " << i << " not found";
+    EXPECT_GE(span->region_bytes, size_t{4} << 20) << "a block outside a slab";
+    EXPECT_LE(span->offset + sizes[i], span->region_bytes);
+    // The span's base is the slab: its start plus the offset is the block.
+    auto base = find_shared_host(p - span->offset, 1);
+    ASSERT_TRUE(base.has_value());
+    EXPECT_EQ(base->id, span->id);
+    EXPECT_EQ(base->offset, 0u);
+    blocks.push_back(p);
+    rounded_total += (sizes[i] + page - 1) / page * page;
+  }
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    for (size_t k = 0; k < sizes[i]; k += 997) ASSERT_EQ(blocks[i][k], static_cast<char>(i + 1)) << "overlap at block " << i;
+  }
+  SharedHostPoolStats s1 = shared_host_pool_stats();
+  EXPECT_EQ(s1.live_blocks - s0.live_blocks, sizes.size());
+  EXPECT_EQ(s1.live_bytes - s0.live_bytes, rounded_total);
+  EXPECT_EQ(s1.allocs - s0.allocs, sizes.size());
+  EXPECT_EQ(s1.slab_bytes, s1.live_bytes + s1.free_bytes);
+
+  // Larger than a slab: a slab of its own, given back when freed.
+  char* big = static_cast<char*>(shared_host_pool_alloc((size_t{9} << 20) + 1));
+  auto big_span = find_shared_host(big, size_t{9} << 20);
+  ASSERT_TRUE(big_span.has_value());
+  EXPECT_EQ(big_span->offset, 0u);
+  EXPECT_GE(big_span->region_bytes, (size_t{9} << 20) + 1);
+  const SharedHostPoolStats s2 = shared_host_pool_stats();
+  EXPECT_EQ(s2.slabs, s1.slabs + 1);
+  std::memset(big, 7, size_t{9} << 20);
+  EXPECT_TRUE(shared_host_pool_free(big));
+  EXPECT_EQ(shared_host_pool_stats().slabs, s2.slabs) << "a wholly free slab within the cache was returned";
+  char* again = static_cast<char*>(shared_host_pool_alloc(size_t{9} << 20));
+  EXPECT_EQ(again, big) << "the kept slab was not reused";
+  EXPECT_EQ(shared_host_pool_stats().slabs_made, s2.slabs_made);
+  EXPECT_TRUE(shared_host_pool_free(again));
+  set_shared_host_pool_options({size_t{4} << 20, 0});  // over budget: wholly free slabs go
+  EXPECT_EQ(shared_host_pool_stats().slabs, s1.slabs) << "a wholly free slab past the cache was kept";
+  EXPECT_FALSE(is_shared_host(big, 1)) << "a returned slab is still registered";
+  set_shared_host_pool_options({size_t{4} << 20, size_t{64} << 20});
+
+  // Not pool blocks: refused without harm.
+  std::vector<char> heap(64);
+  EXPECT_FALSE(shared_host_pool_free(heap.data()));
+  EXPECT_FALSE(shared_host_pool_free(nullptr));
+  EXPECT_FALSE(shared_host_pool_free(blocks[2] + 1)) << "an interior pointer was freed";
+  EXPECT_THROW(shared_host_free(blocks[0] - find_shared_host(blocks[0], 1)->offset), InvalidArgument)
+      << "shared_host_free accepted a slab";
+  EXPECT_THROW(shared_host_pool_alloc(0), InvalidArgument);
+
+  // Free in an order that needs merging on both sides.
+  for (size_t i : {1, 3, 0, 2, 5, 4}) {
+    EXPECT_TRUE(shared_host_pool_free(blocks[i]));
+  }
+  EXPECT_FALSE(shared_host_pool_free(blocks[0])) << "double free not refused";
+  const SharedHostPoolStats s3 = shared_host_pool_stats();
+  EXPECT_EQ(s3.live_blocks, s0.live_blocks);
+  EXPECT_EQ(s3.live_bytes, s0.live_bytes);
+  EXPECT_EQ(s3.slabs, s1.slabs);
+  EXPECT_EQ(s3.free_bytes, s3.slab_bytes) << "free blocks did not coalesce";
+  // One block the size of a whole slab fits again without a new slab.
+  if (s0.live_blocks == 0) {
+    void* whole = shared_host_pool_alloc(size_t{4} << 20);
+    EXPECT_EQ(shared_host_pool_stats().slabs_made, s3.slabs_made) << "the merged slab was not reused whole";
+    shared_host_pool_free(whole);
+  }
+}
+
+// Freed blocks keep their pages while the cache allows (a reused block
+// still holds what was written), and give them back beyond it (a reused
+// block reads zeros: the pages were returned).
+TEST(SharedHostPool, FreedPagesAreKeptUpToTheCacheThenGivenBack) {
+  const size_t two = size_t{2} << 20;
+  {
+    PoolOptionsScope scope({size_t{8} << 20, size_t{64} << 20});
+    char* a = static_cast<char*>(shared_host_pool_alloc(two));
+    std::memset(a, 0xAB, two);
+    const uint64_t punches = shared_host_pool_stats().punches;
+    ASSERT_TRUE(shared_host_pool_free(a));
+    EXPECT_GE(shared_host_pool_stats().cached_bytes, two);
+    char* b = static_cast<char*>(shared_host_pool_alloc(two));
+    ASSERT_EQ(b, a) << "best fit did not reuse the freed block";
+    EXPECT_EQ(static_cast<unsigned char>(b[0]), 0xABu);
+    EXPECT_EQ(static_cast<unsigned char>(b[two - 1]), 0xABu) << "a cached block lost its pages";
+    EXPECT_EQ(shared_host_pool_stats().punches, punches);
+    shared_host_pool_free(b);
+  }
+  {
+    PoolOptionsScope scope({size_t{8} << 20, size_t{1} << 20});
+    void* keep_slab = shared_host_pool_alloc(4096);  // the slab is never wholly free: pages are punched
+    char* a = static_cast<char*>(shared_host_pool_alloc(two));
+    std::memset(a, 0xCD, two);
+    const uint64_t punches = shared_host_pool_stats().punches;
+    ASSERT_TRUE(shared_host_pool_free(a));
+    const SharedHostPoolStats s = shared_host_pool_stats();
+    EXPECT_GT(s.punches, punches) << "nothing given back past the cache";
+    EXPECT_LE(s.cached_bytes, size_t{512} << 10);
+    char* b = static_cast<char*>(shared_host_pool_alloc(two));
+    ASSERT_EQ(b, a);
+    for (size_t k = 0; k < two; k += 4096) ASSERT_EQ(b[k], 0) << "a given-back page kept its data at " << k;
+    shared_host_pool_free(b);
+    shared_host_pool_free(keep_slab);
+  }
+}
+
+// fork(): the child reads the memory as it was, its writes stay its own,
+// it offers none of it to peers, frees it without harm, and allocates
+// shared memory of its own; the parent's memory and registry are untouched.
+TEST(SharedHostPool, ForkChildGetsAPrivateCopy) {
+  const size_t n = size_t{1} << 20;
+  char* pooled = static_cast<char*>(shared_host_pool_alloc(n));
+  char* single = static_cast<char*>(shared_host_alloc(n));
+  std::memset(pooled, 1, n);
+  std::memset(single, 3, n);
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    int code = 0;
+    if (pooled[n - 1] != 1 || single[n - 1] != 3) code |= 1;
+    if (is_shared_host(pooled, n) || is_shared_host(single, n)) code |= 2;
+    std::memset(pooled, 2, n);
+    std::memset(single, 4, n);
+    if (!shared_host_pool_free(pooled)) code |= 4;
+    shared_host_free(single);
+    void* fresh = shared_host_pool_alloc(n);
+    if (!is_shared_host(fresh, n)) code |= 8;
+    shared_host_pool_free(fresh);
+    ::_exit(code);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  const int code = WEXITSTATUS(status);
+  EXPECT_EQ(code & 1, 0) << "the child did not see the memory as it was";
+  EXPECT_EQ(code & 2, 0) << "the child still offers inherited memory as shared";
+  EXPECT_EQ(code & 4, 0) << "the child could not free an inherited block";
+  EXPECT_EQ(code & 8, 0) << "the child's own pool memory is not shared";
+  for (size_t k = 0; k < n; k += 4093) {
+    ASSERT_EQ(pooled[k], 1) << "the child's write reached the parent's pool block at " << k;
+    ASSERT_EQ(single[k], 3) << "the child's write reached the parent's allocation at " << k;
+  }
+  EXPECT_TRUE(is_shared_host(pooled, n));
+  EXPECT_TRUE(is_shared_host(single, n));
+  EXPECT_TRUE(shared_host_pool_free(pooled));
+  shared_host_free(single);
 }
 
 // A group's view of its peers' regions, here of this process's own: the
@@ -266,6 +451,25 @@ TEST_P(ZeroCopyRanks, ResultsMatchClosedForms) {
 
 INSTANTIATE_TEST_SUITE_P(Ofi, ZeroCopyRanks,
                          testing::Combine(testing::Values(2, 3, 4), testing::Values(false, true)));
+
+// Blocks of the pool, at offsets inside slabs shared with other blocks and
+// over several slabs (2 MiB each here): the peers map the slabs and find
+// the blocks at their offsets.
+TEST(ZeroCopy, PoolBlocksTakeThePath) {
+  auto results = run_job(zero_copy_job(3, false), [&](Backend& b, int) {
+    g_pool_buffers = true;
+    set_shared_host_pool_options({size_t{2} << 20, size_t{1} << 20});
+    void* spacer = shared_host_pool_alloc(12345);  // no block starts its slab by chance alone
+    const uint64_t before = host_zero_copy_ops();
+    uint64_t issued = 0;
+    for (size_t count : {size_t{20000}, size_t{100003}}) issued += check_all_kinds(b, count, 4);
+    const uint64_t took = host_zero_copy_ops() - before;
+    shared_host_pool_free(spacer);
+    require(took == issued, "zero-copy ops on pool blocks: " + std::to_string(took) + " of " + std::to_string(issued));
+    require(shared_host_pool_stats().slabs_made >= 2, "the test never used a second slab");
+  });
+  expect_all_ok(results);
+}
 
 // One rank with ordinary buffers where peers need them: every rank takes
 // the stripes (the same answer everywhere), and the results are right;

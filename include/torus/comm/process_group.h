@@ -124,8 +124,9 @@ at::Tensor shared_host_zeros(at::IntArrayRef sizes, c10::ScalarType dtype);
 
 namespace torus {
 
-// Bootstraps this process (comm::Context::create) and returns the world group.
-// Collective over the job.
+// Bootstraps this process (comm::Context::create), installs the shared host
+// allocator where comm::maybe_install_shared_host_allocator says so, and
+// returns the world group. Collective over the job.
 comm::ProcessGroupPtr init(const comm::InitOptions& options = {});
 
 }  // namespace torus

@@ -25,8 +25,11 @@
 // or torus.shared_host_zeros in Python. Data-parallel gradient buckets on
 // the CPU use it (DDPOptions::shared_host_buckets).
 //
-// A child created by fork() shares this memory with its parent instead of
-// getting a copy.
+// fork(): the child gets a copy-on-write view of this memory as of the
+// fork, made private in the child (its writes never reach the parent), and
+// the child never offers it to peers. Pages the child has not written may
+// still show the parent's later writes (docs/comm.md, "Shared host
+// buffers").
 #pragma once
 
 #include <cstddef>
@@ -55,5 +58,73 @@ std::optional<SharedHostSpan> find_shared_host(const void* p, size_t bytes);
 
 // True when find_shared_host(p, bytes) finds a span.
 inline bool is_shared_host(const void* p, size_t bytes) { return find_shared_host(p, bytes).has_value(); }
+
+// Note [Shared host pool]: many blocks carved out of a few large shared
+// files ("slabs"), for allocators that serve every large tensor: one file
+// descriptor per slab instead of per allocation, and a peer maps a slab
+// once for all the blocks in it. Blocks are page aligned and page rounded,
+// best fit, coalesced when freed. Freed blocks keep their pages, and wholly
+// free slabs stay mapped, so that the next training step's tensors reuse
+// them without page faults, until more than `cache_bytes` of freed memory is
+// kept; then wholly free slabs are returned to the system and the pages of
+// other free blocks given back (hole punched) until half that is left. The
+// memory is not zeroed. Thread safe.
+struct SharedHostPoolOptions {
+  size_t slab_bytes = size_t{64} << 20;    // TORUS_SHARED_HOST_SLAB_BYTES: a new slab's size (at least the request)
+  size_t cache_bytes = size_t{256} << 20;  // TORUS_SHARED_HOST_CACHE_BYTES: freed bytes kept resident
+  static SharedHostPoolOptions from_env();  // the variables above; bad values throw InvalidArgument
+};
+// Replaces the pool's options (existing slabs keep their size).
+void set_shared_host_pool_options(const SharedHostPoolOptions& options);
+
+// A block of at least `bytes` (> 0) from the pool. Throws like shared_host_alloc.
+void* shared_host_pool_alloc(size_t bytes);
+// Frees a block from shared_host_pool_alloc and returns true; returns false
+// (and does nothing) for any other pointer, so a caller can fall through to
+// another allocator. Never throws.
+bool shared_host_pool_free(void* p) noexcept;
+
+struct SharedHostPoolStats {
+  size_t slabs = 0;          // live slabs
+  size_t slab_bytes = 0;     // their total size
+  size_t live_blocks = 0;
+  size_t live_bytes = 0;     // page-rounded
+  size_t free_bytes = 0;     // in live slabs, not allocated
+  size_t cached_bytes = 0;   // of free_bytes, freed but not given back (an upper bound)
+  uint64_t allocs = 0;       // blocks handed out since the process started
+  uint64_t slabs_made = 0;   // slabs created since the process started
+  uint64_t punches = 0;      // free blocks whose pages were given back
+};
+SharedHostPoolStats shared_host_pool_stats();
+
+// Note [Shared host allocator]: LibTorch's CPU allocator replaced by one that
+// serves allocations of at least `min_bytes` from the shared host pool and
+// hands smaller ones to the allocator it replaced. Every large CPU tensor
+// created afterwards is shared host memory, so same-host collectives on it
+// take the zero-copy path with no change to the program. torus::init
+// installs it when the job's host backend is ofi and this host runs two or
+// more ranks, unless TORUS_SHARED_HOST_ALLOC=off (on: also for other
+// layouts; auto: the default). Tensors that exist before the install keep
+// their memory. Never uninstalled. Defined in the tensor layer (libtorus).
+struct SharedHostAllocatorOptions {
+  size_t min_bytes = size_t{64} << 10;  // TORUS_SHARED_HOST_ALLOC_MIN_BYTES
+  SharedHostPoolOptions pool;
+  static SharedHostAllocatorOptions from_env();
+};
+enum class SharedHostAllocPolicy { kAuto, kOn, kOff };
+// TORUS_SHARED_HOST_ALLOC: "auto" (default), "on" or "off"; others throw InvalidArgument.
+SharedHostAllocPolicy shared_host_alloc_policy_from_env();
+// Installs the allocator (options apply on the first call; later calls
+// change nothing) and returns whether it is now LibTorch's CPU allocator
+// (false when another allocator of higher priority holds the place).
+bool install_shared_host_allocator(const SharedHostAllocatorOptions& options = SharedHostAllocatorOptions::from_env());
+bool shared_host_allocator_installed();
+
+class Context;
+// Installs the allocator when TORUS_SHARED_HOST_ALLOC asks for it: "on", or
+// "auto" (the default) with the ofi host backend and two or more ranks on
+// this host. Returns whether it is installed. torus::init calls it; programs
+// that build a Context themselves may too.
+bool maybe_install_shared_host_allocator(const Context& ctx);
 
 }  // namespace torus::comm
