@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -77,25 +78,86 @@ void fork_child();
 Registry& registry() {
   static Registry* r = [] {
     auto* reg = new Registry();  // never destroyed: frees may run during static destruction
+    const char* fork_mode = std::getenv("TORUS_SHARED_HOST_FORK");  // validated by SharedHostPoolOptions::from_env
+    reg->pool.fork_copy = fork_mode != nullptr && std::string(fork_mode) == "copy";
     ::pthread_atfork(&fork_prepare, &fork_parent, &fork_child);
     return reg;
   }();
   return *r;
 }
 
-void fork_prepare() { registry().mu.lock(); }
-void fork_parent() { registry().mu.unlock(); }
+// "copy" mode: the parent waits at the fork until the child has copied
+// (or died), so that nothing the parent writes after fork() returns gets
+// into the child's snapshot. The child's end is written once copying is
+// done; the parent reads end-of-file if the child is gone or fork failed.
+int g_copied_pipe[2] = {-1, -1};
 
-// The child keeps every region at its address but as a private
-// (copy-on-write) mapping of the file, so its writes stay its own, and
-// stops offering them: its pid is not the one peers know, and the pool's
-// free blocks are forgotten (blocks still live in the child stay mapped
-// until it exits).
+void fork_prepare() {
+  Registry& r = registry();
+  r.mu.lock();
+  if (r.pool.fork_copy && !r.by_base.empty() && ::pipe2(g_copied_pipe, O_CLOEXEC) != 0) {
+    g_copied_pipe[0] = g_copied_pipe[1] = -1;  // the child copies without the parent waiting
+  }
+}
+
+void fork_parent() {
+  if (g_copied_pipe[0] >= 0) {
+    ::close(g_copied_pipe[1]);
+    char byte;
+    while (::read(g_copied_pipe[0], &byte, 1) < 0 && errno == EINTR) {
+    }
+    ::close(g_copied_pipe[0]);
+    g_copied_pipe[0] = g_copied_pipe[1] = -1;
+  }
+  registry().mu.unlock();
+}
+
+// Note [Shared host memory across fork]: the child must not write into
+// the parent's memory, so every region becomes private in the child, at the
+// same address:
+//  - "copy" (TORUS_SHARED_HOST_FORK=copy): the live bytes are copied into
+//    anonymous memory that replaces the region: an exact snapshot, paid for
+//    with a copy of every live block in every child, during which the
+//    parent waits in fork();
+//  - "view" (the default): the region is mapped copy-on-write from its
+//    file: free, and the child's writes stay its own, but a page the child
+//    has not written shows what the parent writes there later (or zeros,
+//    once the parent frees the block and the pool gives the page back).
+// Where the kernel refuses both, the region is made inaccessible, so the
+// child faults instead of reaching the parent's memory. The child stops
+// offering the regions (its pid is not the one peers know) and forgets the
+// pool's free blocks; its inherited live blocks stay mapped until it exits.
+bool make_private_copy(Registry& r, uintptr_t base, const Region& g) {
+  void* tmp = ::mmap(nullptr, g.bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (tmp == MAP_FAILED) return false;
+  char* dst = static_cast<char*>(tmp);
+  const char* src = reinterpret_cast<const char*>(base);
+  if (g.slab) {
+    for (const auto& [a, blk] : r.live) {
+      if (blk.slab == base) std::memcpy(dst + (a - base), src + (a - base), blk.bytes);
+    }
+  } else {
+    std::memcpy(dst, src, g.bytes);
+  }
+  if (::mremap(tmp, g.bytes, g.bytes, MREMAP_MAYMOVE | MREMAP_FIXED, reinterpret_cast<void*>(base)) == MAP_FAILED) {
+    ::munmap(tmp, g.bytes);
+    return false;
+  }
+  return true;
+}
+
 void fork_child() {
   Registry& r = registry();
   for (auto& [base, g] : r.by_base) {
     if (g.orphaned) continue;
-    ::mmap(reinterpret_cast<void*>(base), g.bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, g.fd, 0);
+    void* at = reinterpret_cast<void*>(base);
+    bool done = r.pool.fork_copy && make_private_copy(r, base, g);
+    if (!done) {
+      done = ::mmap(at, g.bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, g.fd, 0) != MAP_FAILED;
+    }
+    if (!done && ::mprotect(at, g.bytes, PROT_NONE) != 0) {
+      ::mmap(at, g.bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+    }
     ::close(g.fd);
     g.fd = -1;
     g.orphaned = true;
@@ -105,6 +167,12 @@ void fork_child() {
   r.cached = 0;
   r.slabs = 0;
   r.slab_bytes = 0;
+  if (g_copied_pipe[0] >= 0) {
+    ::close(g_copied_pipe[0]);
+    (void)!::write(g_copied_pipe[1], "c", 1);
+    ::close(g_copied_pipe[1]);
+    g_copied_pipe[0] = g_copied_pipe[1] = -1;
+  }
   r.mu.unlock();
 }
 
@@ -271,6 +339,11 @@ SharedHostPoolOptions SharedHostPoolOptions::from_env() {
     TORUS_CHECK(*v >= 0, InvalidArgument, "TORUS_SHARED_HOST_CACHE_BYTES={} must be >= 0", *v);
     o.cache_bytes = static_cast<size_t>(*v);
   }
+  if (auto v = env_string("TORUS_SHARED_HOST_FORK"); v && !v->empty()) {
+    TORUS_CHECK(*v == "view" || *v == "copy", InvalidArgument, "TORUS_SHARED_HOST_FORK='{}' must be view or copy",
+                *v);
+    o.fork_copy = *v == "copy";
+  }
   return o;
 }
 
@@ -318,8 +391,9 @@ void* shared_host_pool_alloc(size_t bytes) {
   const uintptr_t a = fit->second;
   FreeBlock b = erase_free(r, r.free_by_addr.find(a));
   if (b.bytes > n) {
-    const size_t taken_cached = std::min(b.cached, n);
-    insert_free(r, a + n, FreeBlock{b.bytes - n, b.slab, b.cached - taken_cached});
+    // Which of the block's pages are resident is not known: the rest keeps
+    // as many as it can hold, so `cached` stays an upper bound.
+    insert_free(r, a + n, FreeBlock{b.bytes - n, b.slab, std::min(b.cached, b.bytes - n)});
   }
   r.live.emplace(a, LiveBlock{n, b.slab});
   r.by_base.at(b.slab).used += n;
@@ -380,6 +454,7 @@ SharedHostPoolStats shared_host_pool_stats() {
   s.live_blocks = r.live.size();
   s.live_bytes = r.live_bytes;
   for (const auto& [a, b] : r.free_by_addr) s.free_bytes += b.bytes;
+  s.free_blocks = r.free_by_addr.size();
   s.cached_bytes = r.cached;
   s.allocs = r.allocs;
   s.slabs_made = r.slabs_made;

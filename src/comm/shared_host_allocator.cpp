@@ -31,14 +31,15 @@ class SharedHostAllocator final : public c10::Allocator {
 
   c10::DataPtr allocate(size_t n) override {
     void* p = nullptr;
-    if (n >= min_bytes_ && !failed_.load(std::memory_order_relaxed)) {
+    if (n >= min_bytes_) {
       try {
         p = shared_host_pool_alloc(n);
       } catch (const std::exception& e) {
-        // Out of file descriptors or address space for a new slab: warn
-        // once and carry on with ordinary memory (the ops take the stripes).
-        if (!failed_.exchange(true)) {
-          TORUS_LOG_WARN("shared host allocator: {}; large CPU tensors use ordinary memory from now on", e.what());
+        // No new slab (out of file descriptors, address space or memory):
+        // this tensor gets ordinary memory (its ops take the staging path);
+        // the next allocation tries the pool again. Warned once.
+        if (!warned_.exchange(true)) {
+          TORUS_LOG_WARN("shared host allocator: {}; such tensors get ordinary memory", e.what());
         }
       }
     }
@@ -53,7 +54,7 @@ class SharedHostAllocator final : public c10::Allocator {
  private:
   c10::Allocator* prev_;
   size_t min_bytes_;
-  std::atomic<bool> failed_{false};
+  std::atomic<bool> warned_{false};
 };
 
 std::mutex g_install_mu;

@@ -64,7 +64,7 @@ const std::set<std::string>& known_variables() {
       "TORUS_OFI_WINDOW", "TORUS_OFI_REGISTER_LOCAL",
       // The shared host allocator and pool (src/comm/shared_host.cpp, docs/comm.md).
       "TORUS_SHARED_HOST_ALLOC", "TORUS_SHARED_HOST_ALLOC_MIN_BYTES", "TORUS_SHARED_HOST_SLAB_BYTES",
-      "TORUS_SHARED_HOST_CACHE_BYTES",
+      "TORUS_SHARED_HOST_CACHE_BYTES", "TORUS_SHARED_HOST_FORK",
       // Read by tools and tests rather than the library.
       "TORUS_BUILD_DIR", "TORUS_TEST_SCALE"};
   return known;

@@ -98,9 +98,15 @@ TEST(SharedHost, AllocationsAreFoundAndFreed) {
   shared_host_free(q);
 }
 
-// Restores the pool's options at the end of a test.
+// Sets the pool's options for a test, after returning the wholly free
+// slabs earlier tests left (a cache of 0), and restores the defaults.
 struct PoolOptionsScope {
-  explicit PoolOptionsScope(const SharedHostPoolOptions& o) { set_shared_host_pool_options(o); }
+  explicit PoolOptionsScope(const SharedHostPoolOptions& o) {
+    SharedHostPoolOptions flush = o;
+    flush.cache_bytes = 0;
+    set_shared_host_pool_options(flush);
+    set_shared_host_pool_options(o);
+  }
   ~PoolOptionsScope() { set_shared_host_pool_options(SharedHostPoolOptions{}); }
 };
 
@@ -181,7 +187,8 @@ TEST(SharedHostPool, BlocksAreDisjointFoundAndCoalesced) {
   EXPECT_EQ(s3.live_blocks, s0.live_blocks);
   EXPECT_EQ(s3.live_bytes, s0.live_bytes);
   EXPECT_EQ(s3.slabs, s1.slabs);
-  EXPECT_EQ(s3.free_bytes, s3.slab_bytes) << "free blocks did not coalesce";
+  EXPECT_EQ(s3.free_bytes, s3.slab_bytes);
+  if (s0.live_blocks == 0) EXPECT_EQ(s3.free_blocks, s3.slabs) << "free neighbours did not merge";
   // One block the size of a whole slab fits again without a new slab.
   if (s0.live_blocks == 0) {
     void* whole = shared_host_pool_alloc(size_t{4} << 20);
@@ -225,48 +232,122 @@ TEST(SharedHostPool, FreedPagesAreKeptUpToTheCacheThenGivenBack) {
     shared_host_pool_free(b);
     shared_host_pool_free(keep_slab);
   }
+  {
+    // The count of kept bytes stays an upper bound when a block whose
+    // resident pages are at its end is split: [A given back][B kept] merge,
+    // a new block takes A's place, and B's pages are still counted.
+    const size_t one = size_t{1} << 20;
+    PoolOptionsScope scope({size_t{8} << 20, size_t{64} << 20});
+    char* a = static_cast<char*>(shared_host_pool_alloc(one));
+    char* b = static_cast<char*>(shared_host_pool_alloc(one));
+    void* keep_slab = shared_host_pool_alloc(4096);
+    ASSERT_EQ(b, a + one) << "blocks not carved in address order";
+    std::memset(a, 1, one);
+    std::memset(b, 2, one);
+    shared_host_pool_free(a);
+    set_shared_host_pool_options({size_t{8} << 20, one / 2});  // gives A's pages back
+    set_shared_host_pool_options({size_t{8} << 20, size_t{64} << 20});
+    ASSERT_EQ(shared_host_pool_stats().cached_bytes, 0u);
+    shared_host_pool_free(b);
+    EXPECT_EQ(shared_host_pool_stats().cached_bytes, one);
+    char* c = static_cast<char*>(shared_host_pool_alloc(one));
+    ASSERT_EQ(c, a);
+    EXPECT_GE(shared_host_pool_stats().cached_bytes, one) << "B's resident pages are no longer counted";
+    shared_host_pool_free(c);
+    shared_host_pool_free(keep_slab);
+  }
 }
 
-// fork(): the child reads the memory as it was, its writes stay its own,
-// it offers none of it to peers, frees it without harm, and allocates
-// shared memory of its own; the parent's memory and registry are untouched.
-TEST(SharedHostPool, ForkChildGetsAPrivateCopy) {
+// What a fork() child saw, as bits of its exit code.
+enum ForkSeen {
+  kSawOldValues = 1,      // the memory as it was at the fork
+  kStillOffered = 2,      // inherited memory still offered as shared
+  kFreeFailed = 4,        // could not free an inherited block
+  kOwnNotShared = 8,      // its own new pool memory is not shared
+  kSawParentWrite = 16,   // a write the parent made after the fork
+};
+
+// Forks with a pooled block (1s) and a single allocation (3s). After the
+// fork the parent writes 5s over the pooled block, frees the allocation,
+// and lets the child look: the child checks what it sees, writes 2s and 4s
+// (which must not reach the parent), frees both, and allocates its own.
+int fork_and_look(bool copy) {
   const size_t n = size_t{1} << 20;
+  SharedHostPoolOptions o;
+  o.fork_copy = copy;
+  PoolOptionsScope scope(o);
   char* pooled = static_cast<char*>(shared_host_pool_alloc(n));
   char* single = static_cast<char*>(shared_host_alloc(n));
   std::memset(pooled, 1, n);
   std::memset(single, 3, n);
+  int go[2];
+  if (::pipe(go) != 0) return -1;
   const pid_t pid = ::fork();
-  ASSERT_GE(pid, 0);
+  if (pid < 0) return -1;
   if (pid == 0) {
-    int code = 0;
-    if (pooled[n - 1] != 1 || single[n - 1] != 3) code |= 1;
-    if (is_shared_host(pooled, n) || is_shared_host(single, n)) code |= 2;
+    ::close(go[1]);
+    char byte;
+    if (::read(go[0], &byte, 1) != 1) ::_exit(100);
+    int seen = 0;
+    bool old = true, parent = false;
+    for (size_t k = 0; k < n; k += 4093) {
+      old = old && pooled[k] == 1 && single[k] == 3;
+      parent = parent || pooled[k] == 5;
+    }
+    if (old) seen |= kSawOldValues;
+    if (parent) seen |= kSawParentWrite;
+    if (is_shared_host(pooled, n) || is_shared_host(single, n)) seen |= kStillOffered;
     std::memset(pooled, 2, n);
     std::memset(single, 4, n);
-    if (!shared_host_pool_free(pooled)) code |= 4;
+    if (!shared_host_pool_free(pooled)) seen |= kFreeFailed;
     shared_host_free(single);
     void* fresh = shared_host_pool_alloc(n);
-    if (!is_shared_host(fresh, n)) code |= 8;
+    if (!is_shared_host(fresh, n)) seen |= kOwnNotShared;
     shared_host_pool_free(fresh);
-    ::_exit(code);
+    ::_exit(seen);
   }
-  int status = 0;
-  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
-  ASSERT_TRUE(WIFEXITED(status));
-  const int code = WEXITSTATUS(status);
-  EXPECT_EQ(code & 1, 0) << "the child did not see the memory as it was";
-  EXPECT_EQ(code & 2, 0) << "the child still offers inherited memory as shared";
-  EXPECT_EQ(code & 4, 0) << "the child could not free an inherited block";
-  EXPECT_EQ(code & 8, 0) << "the child's own pool memory is not shared";
+  ::close(go[0]);
+  std::memset(pooled, 5, n / 2);  // the first half only: the child's view may show it
   for (size_t k = 0; k < n; k += 4093) {
-    ASSERT_EQ(pooled[k], 1) << "the child's write reached the parent's pool block at " << k;
-    ASSERT_EQ(single[k], 3) << "the child's write reached the parent's allocation at " << k;
+    if (single[k] != 3) return -2;  // the child has not run yet
   }
-  EXPECT_TRUE(is_shared_host(pooled, n));
-  EXPECT_TRUE(is_shared_host(single, n));
-  EXPECT_TRUE(shared_host_pool_free(pooled));
+  (void)::write(go[1], "g", 1);
+  ::close(go[1]);
+  int status = 0;
+  if (::waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) return -3;
+  // The child's writes did not reach the parent.
+  for (size_t k = 0; k < n; k += 4093) {
+    if (pooled[k] != (k < n / 2 ? 5 : 1) || single[k] != 3) return -4;
+  }
+  if (!is_shared_host(pooled, n) || !is_shared_host(single, n)) return -5;
+  shared_host_pool_free(pooled);
   shared_host_free(single);
+  return WEXITSTATUS(status);
+}
+
+// "copy": the child sees exactly the memory of the fork, whatever the
+// parent does after it; its writes stay its own; it offers none of the
+// inherited memory, frees it without harm and allocates shared memory of
+// its own.
+TEST(SharedHostPool, ForkChildCopyIsASnapshot) {
+  const int seen = fork_and_look(true);
+  ASSERT_GE(seen, 0) << "the parent's side of the check failed (" << seen << "): the child wrote into its memory";
+  EXPECT_TRUE(seen & kSawOldValues) << "the child did not see the memory as it was at the fork";
+  EXPECT_FALSE(seen & kSawParentWrite) << "the parent's later write reached the child's copy";
+  EXPECT_FALSE(seen & kStillOffered);
+  EXPECT_FALSE(seen & kFreeFailed);
+  EXPECT_FALSE(seen & kOwnNotShared);
+}
+
+// "view" (the default): the child's writes stay its own too; pages it has
+// not written show the parent's later writes, as documented.
+TEST(SharedHostPool, ForkChildViewIsPrivateToTheChild) {
+  const int seen = fork_and_look(false);
+  ASSERT_GE(seen, 0) << "the parent's side of the check failed (" << seen << "): the child wrote into its memory";
+  EXPECT_TRUE(seen & kSawParentWrite) << "view mode is documented to show the parent's later writes";
+  EXPECT_FALSE(seen & kStillOffered);
+  EXPECT_FALSE(seen & kFreeFailed);
+  EXPECT_FALSE(seen & kOwnNotShared);
 }
 
 // A group's view of its peers' regions, here of this process's own: the

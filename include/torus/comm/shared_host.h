@@ -25,11 +25,13 @@
 // or torus.shared_host_zeros in Python. Data-parallel gradient buckets on
 // the CPU use it (DDPOptions::shared_host_buckets).
 //
-// fork(): the child gets a copy-on-write view of this memory as of the
-// fork, made private in the child (its writes never reach the parent), and
-// the child never offers it to peers. Pages the child has not written may
-// still show the parent's later writes (docs/comm.md, "Shared host
-// buffers").
+// fork(): the memory becomes private in the child (its writes never reach
+// the parent) and the child never offers it to peers. By default the child
+// maps it copy-on-write from the files, which costs nothing but lets a page
+// the child has not written show the parent's later writes: a child that
+// must see the memory exactly as it was at the fork (a snapshot it writes
+// out while the parent trains on) needs TORUS_SHARED_HOST_FORK=copy, which
+// copies the live bytes in the child (docs/comm.md, "Shared host buffers").
 #pragma once
 
 #include <cstddef>
@@ -72,6 +74,11 @@ inline bool is_shared_host(const void* p, size_t bytes) { return find_shared_hos
 struct SharedHostPoolOptions {
   size_t slab_bytes = size_t{64} << 20;    // TORUS_SHARED_HOST_SLAB_BYTES: a new slab's size (at least the request)
   size_t cache_bytes = size_t{256} << 20;  // TORUS_SHARED_HOST_CACHE_BYTES: freed bytes kept resident
+  // TORUS_SHARED_HOST_FORK=copy: a fork() child gets an exact copy of the
+  // live memory; view (false, the default): a copy-on-write view of the
+  // files (Note [Shared host memory across fork] in shared_host.cpp, and
+  // the fork paragraph at the top). Applies to single allocations too.
+  bool fork_copy = false;
   static SharedHostPoolOptions from_env();  // the variables above; bad values throw InvalidArgument
 };
 // Replaces the pool's options (existing slabs keep their size).
@@ -90,6 +97,7 @@ struct SharedHostPoolStats {
   size_t live_blocks = 0;
   size_t live_bytes = 0;     // page-rounded
   size_t free_bytes = 0;     // in live slabs, not allocated
+  size_t free_blocks = 0;    // the free ranges they form (neighbours are merged)
   size_t cached_bytes = 0;   // of free_bytes, freed but not given back (an upper bound)
   uint64_t allocs = 0;       // blocks handed out since the process started
   uint64_t slabs_made = 0;   // slabs created since the process started

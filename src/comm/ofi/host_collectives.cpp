@@ -391,12 +391,12 @@ Task zero_copy_agree(OpCtx& c, HostGroup* h, const void* in, size_t in_bytes, vo
     }
     const int pid = s.control(q).pid;
     if (needs.input(q)) {
-      char* i = h->peers->map(pid, ref.in_id, ref.in_fd, ref.in_inode, ref.in_off + in_bytes);
+      char* i = h->peers->map(pid, ref.in_id, ref.in_fd, ref.in_inode, ref.in_off + in_bytes, ref.in_off);
       ok = ok && i != nullptr;
       if (i != nullptr) v.in[static_cast<size_t>(q)] = i + ref.in_off;
     }
     if (needs.outputs && ok) {
-      char* o = h->peers->map(pid, ref.out_id, ref.out_fd, ref.out_inode, ref.out_off + out_bytes);
+      char* o = h->peers->map(pid, ref.out_id, ref.out_fd, ref.out_inode, ref.out_off + out_bytes, ref.out_off);
       ok = ok && o != nullptr;
       if (o != nullptr) v.out[static_cast<size_t>(q)] = o + ref.out_off;
     }

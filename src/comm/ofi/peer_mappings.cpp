@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -28,13 +29,26 @@ void report(bool& warned, fmt::format_string<Args...> f, Args&&... args) {
   }
 }
 
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23  // Linux 5.14
+#endif
+
+// Maps [from, to) of a new mapping in at once (the op is about to touch all
+// of it); where the kernel cannot, the pages fault in as they are touched.
+void populate(char* base, size_t from, size_t to) {
+  static const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  const size_t lo = from / page * page;
+  if (to <= lo) return;
+  (void)::madvise(base + lo, to - lo, MADV_POPULATE_WRITE);
+}
+
 }  // namespace
 
 PeerMappings::~PeerMappings() {
   for (auto& [key, e] : entries_) ::munmap(e.base, e.bytes);
 }
 
-char* PeerMappings::map(int pid, uint32_t id, int fd, uint64_t inode, size_t need_bytes) {
+char* PeerMappings::map(int pid, uint32_t id, int fd, uint64_t inode, size_t need_bytes, size_t populate_from) {
   const auto key = std::make_tuple(pid, id, inode);
   if (auto it = entries_.find(key); it != entries_.end()) {
     if (it->second.bytes < need_bytes) return nullptr;
@@ -60,12 +74,16 @@ char* PeerMappings::map(int pid, uint32_t id, int fd, uint64_t inode, size_t nee
     return nullptr;
   }
   const size_t bytes = static_cast<size_t>(st.st_size);
-  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, f, 0);
+  // Not MAP_POPULATE: a region may be a slab of many blocks, most of them
+  // not this op's (and free ranges would get pages). Only the op's range is
+  // mapped in up front; the rest faults in when touched.
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, f, 0);
   ::close(f);
   if (p == MAP_FAILED) {
     report(warned_, "mmap of {} ({} bytes) failed: {}", path, bytes, std::strerror(errno));
     return nullptr;
   }
+  populate(static_cast<char*>(p), std::min(populate_from, need_bytes), need_bytes);
   // Evict the least recently used, but never a mapping of the current op
   // (used since begin_op): its pointers are in use. Past the limit with
   // nothing older, the cache grows for this op.

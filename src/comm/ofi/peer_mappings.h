@@ -29,8 +29,10 @@ class PeerMappings {
   // Start of process `pid`'s region `id` (its file descriptor `fd` there,
   // whose inode is `inode`), mapped on first use; nullptr when it cannot be
   // opened or mapped, is another file, or is smaller than `need_bytes` (the first such failure is logged as a
-  // warning, later ones at debug level).
-  char* map(int pid, uint32_t id, int fd, uint64_t inode, size_t need_bytes);
+  // warning, later ones at debug level). A new mapping has its bytes
+  // [populate_from, need_bytes) mapped in up front, the op's range; the rest
+  // of the region faults in when touched.
+  char* map(int pid, uint32_t id, int fd, uint64_t inode, size_t need_bytes, size_t populate_from = 0);
 
   // A new op starts: what it maps from now on stays mapped until it ends.
   void begin_op() { op_start_ = clock_; }
