@@ -10,6 +10,7 @@
 #include "bindings.h"
 #include "torus/comm/device_mesh.h"
 #include "torus/comm/process_group.h"
+#include "torus/comm/shared_host.h"
 #include "torus/core/error.h"
 
 namespace py = pybind11;
@@ -196,6 +197,35 @@ void bind_comm(py::module_& m) {
   m.def(
       "_shared_host_bytes", [](int64_t n) { return torus::comm::shared_host_zeros({n}, at::kByte); }, py::arg("n"),
       "A zeroed uint8 CPU tensor of n bytes over shared host memory (torus.shared_host_zeros builds on it).");
+  m.def(
+      "is_shared_host",
+      [](const at::Tensor& t) {
+        return t.device().is_cpu() && t.nbytes() > 0 && torus::comm::is_shared_host(t.data_ptr(), t.nbytes());
+      },
+      py::arg("tensor"),
+      "True when all of the tensor's bytes lie in shared host memory (a pool block or a shared_host_zeros "
+      "allocation), so same-host peers on the ofi backend can map them.");
+  m.def("shared_host_allocator_installed", &torus::comm::shared_host_allocator_installed,
+        "True when the shared host allocator serves LibTorch's CPU tensors (torus.init installs it on ofi with "
+        "2+ ranks on a host unless TORUS_SHARED_HOST_ALLOC=off; docs/comm.md).");
+  m.def(
+      "shared_host_pool_stats",
+      [] {
+        const torus::comm::SharedHostPoolStats s = torus::comm::shared_host_pool_stats();
+        py::dict d;
+        d["slabs"] = s.slabs;
+        d["slab_bytes"] = s.slab_bytes;
+        d["live_blocks"] = s.live_blocks;
+        d["live_bytes"] = s.live_bytes;
+        d["free_bytes"] = s.free_bytes;
+        d["free_blocks"] = s.free_blocks;
+        d["cached_bytes"] = s.cached_bytes;
+        d["allocs"] = s.allocs;
+        d["slabs_made"] = s.slabs_made;
+        d["punches"] = s.punches;
+        return d;
+      },
+      "The shared host pool's counters (torus/comm/shared_host.h, SharedHostPoolStats) as a dict.");
 
   m.def(
       "init",

@@ -34,9 +34,12 @@ from ._C import (  # noqa: F401
     __version__,
     build_info,
     init,
+    is_shared_host,
     log_level,
     retain_freed_host_memory,
     set_log_level,
+    shared_host_allocator_installed,
+    shared_host_pool_stats,
 )
 from . import models, parallel, pipeline, train  # noqa: E402,F401  (after _C: they import it)
 
@@ -73,12 +76,15 @@ __all__ = [
     "Work",
     "build_info",
     "init",
+    "is_shared_host",
     "log_level",
     "models",
     "parallel",
     "pipeline",
     "retain_freed_host_memory",
     "set_log_level",
+    "shared_host_allocator_installed",
+    "shared_host_pool_stats",
     "shared_host_zeros",
     "train",
 ]

@@ -139,3 +139,32 @@ def test_shared_host_zeros_tensors_work_in_collectives(world):
     g = torus.shared_host_zeros((n, count), dtype=torch.int32)
     world.all_gather(torch.full((count,), r, dtype=torch.int32), g).wait()
     assert torch.equal(g, torch.arange(n, dtype=torch.int32).repeat_interleave(count).view(n, count))
+
+
+def test_shared_host_allocator_follows_the_policy(world):
+    """torus.init installs the shared host allocator on ofi with 2+ ranks on
+    this host (TORUS_SHARED_HOST_ALLOC=auto, the default): large tensors are
+    then pool blocks, small ones are not, and collectives on them give the
+    closed-form sums. Elsewhere ordinary tensors stay ordinary memory."""
+    import os
+    n, r = world.size, world.rank
+    policy = os.environ.get("TORUS_SHARED_HOST_ALLOC", "auto") or "auto"
+    installed = torus.shared_host_allocator_installed()
+    if policy == "off":
+        assert not installed
+    elif policy == "on":
+        assert installed
+    else:  # every rank of these tests is on this host
+        assert installed == (world.backend == "ofi" and n >= 2)
+    big = torch.empty(1 << 18)
+    assert torus.is_shared_host(big) == torus.shared_host_allocator_installed()
+    assert not torus.is_shared_host(torch.empty(16))
+    assert torus.is_shared_host(torus.shared_host_zeros(4))
+    stats = torus.shared_host_pool_stats()
+    assert set(stats) >= {"slabs", "live_bytes", "free_bytes", "cached_bytes", "allocs"}
+    if torus.shared_host_allocator_installed():
+        assert stats["live_bytes"] >= big.numel() * 4
+    count = 1 << 18
+    x = torch.arange(count, dtype=torch.float32) % 5 + r
+    world.all_reduce(x).wait()
+    assert torch.equal(x, n * (torch.arange(count, dtype=torch.float32) % 5) + n * (n - 1) / 2)

@@ -9,6 +9,12 @@ if(TORUS_BUILD_PYTHON)
                        COMMAND ${CMAKE_CURRENT_LIST_DIR}/run_pytest.sh ${TORUS_PYTHON_EXECUTABLE} ${PROJECT_BINARY_DIR}/python
                                ${CMAKE_CURRENT_LIST_DIR}/test_pipeline.py)
   endforeach()
+  if(TORUS_WITH_OFI)
+    # On ofi, where torus.init installs the shared host allocator.
+    torus_add_mpi_test(NAME python_comm_ofi_np2 NP 2 LABELS "python;ofi" TIMEOUT 300 ENV TORUS_BACKEND=ofi
+                       COMMAND ${CMAKE_CURRENT_LIST_DIR}/run_pytest.sh ${TORUS_PYTHON_EXECUTABLE} ${PROJECT_BINARY_DIR}/python
+                               ${CMAKE_CURRENT_LIST_DIR}/test_comm.py)
+  endif()
 
   # examples/python/train_gpt.py: --help, a bad flag, and a PP=2 run on 2 ranks (metrics, log, plot).
   add_test(NAME python_train_example
