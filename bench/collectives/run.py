@@ -228,10 +228,12 @@ class Runner:
         far apart its two cores are, how much memory bandwidth each gets), so
         backends measured minutes apart in the sweep may have run on a
         different machine, in effect. Each round runs both memcpy probes and
-        then every backend's 2-rank all_reduce of 8 B and 64 MiB back to back,
-        starting with a different backend each round; the goal rows report
-        the median over rounds and in how many rounds a goal held within
-        the round. Returns records tagged with their round."""
+        then every backend's 2-rank all_reduce of 8 B and 64 MiB back to back:
+        first the ofi variants with Open MPI between them (the pairs the
+        goals compare, next to each other in time, in alternating order),
+        then the others, starting with a different one each round. The goal
+        rows report the median over rounds and in how many rounds a goal held
+        within the round. Returns records tagged with their round."""
         out = []
         sweep = ["--sizes", f"8,{64 * MiB}", "--ops", "all_reduce", "--iters", "200", "--warmup", "20",
                  "--iter-budget", str(1 << 30), "--no-probe"]
@@ -244,7 +246,12 @@ class Runner:
                 out.append({"goal_round": k, "probe": "memcpy", "gbps": probe["gbps"]})
             if pair:
                 out.append({"goal_round": k, "probe": "memcpy", "concurrent": 2, "gbps": pair})
-            order = backends[(k - 1) % len(backends):] + backends[:(k - 1) % len(backends)]
+            core = [b for b in ("ofi", "openmpi", "ofi-heap") if b in backends]
+            if k % 2 == 0:
+                core.reverse()
+            rest = [b for b in backends if b not in core]
+            shift = (k - 1) % len(rest) if rest else 0
+            order = core + rest[shift:] + rest[:shift]
             for i, b in enumerate(order, 1):
                 for r in self.run_one(b, 2, i, len(order), sweep, tag=f"-goal{k}"):
                     out.append({**r, "goal_round": k})
