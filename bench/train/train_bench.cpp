@@ -25,6 +25,7 @@
 #include <ATen/TensorOperators.h>
 #include <torch/optim/adamw.h>
 
+#include "torus/comm/shared_host.h"
 #include "torus/optim/adamw.h"
 
 #include <algorithm>
@@ -59,7 +60,8 @@ struct Options {
   std::string optimizer = "fused";  // fused (torus::optim::AdamW) | torch (torch::optim::AdamW)
   std::string zero_grad = "none";   // none: DDP grads set to None between steps | zero: buckets zeroed
   std::string host_alloc = "retain";  // retain: torus::retain_freed_host_memory() | default: glibc's own
-  std::string buckets = "shared";     // shared: DDP buckets in shared host memory | heap: ordinary memory
+  std::string buckets = "shared";     // shared: DDP buckets in shared host memory | heap: ordinary tensors
+                                      // (shared too where torus::init installed the shared host allocator)
   std::string json;
 };
 
@@ -272,14 +274,15 @@ int main(int argc, char** argv) {
   if (rank == 0) {
     char line[2048];
     std::snprintf(line, sizeof(line),
-                  "{\"impl\": \"torus-cpp\", \"mode\": \"%s%s\", \"host_alloc\": \"%s\", \"ranks\": %d, \"threads\": %d, \"dp\": %d, "
+                  "{\"impl\": \"torus-cpp\", \"mode\": \"%s%s\", \"host_alloc\": \"%s\", \"shared_host_alloc\": %s, \"ranks\": %d, \"threads\": %d, \"dp\": %d, "
                   "\"tp\": %d, \"layers\": %lld, \"hidden\": %lld, \"heads\": %lld, \"seq\": %lld, \"vocab\": %lld, "
                   "\"global_batch\": %lld, \"params\": %lld, \"steps\": %d, \"warmup\": %d, \"wall_s\": %.6f, "
                   "\"step_ms_mean\": %.3f, \"step_ms_median\": %.3f, \"forward_ms\": %.3f, \"backward_ms\": %.3f, "
                   "\"optimizer_ms\": %.3f, \"zero_grad_ms\": %.3f, \"tokens_per_s\": %.1f, \"loss_first\": %.6f, "
                   "\"loss_last\": %.6f, \"loss0_rel_diff\": %.3e, \"replica_diff\": %.3e, \"buckets\": %zu, "
                   "\"buckets_overlapped\": %lld, \"verified\": %s}",
-                  o.mode.c_str(), o.sp ? "+sp" : "", o.host_alloc.c_str(), n, o.threads, dp, tpn, (long long)o.layers, (long long)o.hidden,
+                  o.mode.c_str(), o.sp ? "+sp" : "", o.host_alloc.c_str(),
+                  comm::shared_host_allocator_installed() ? "true" : "false", n, o.threads, dp, tpn, (long long)o.layers, (long long)o.hidden,
                   (long long)o.heads, (long long)o.seq, (long long)o.vocab, (long long)o.batch, (long long)params,
                   o.steps, o.warmup, wall, 1e3 * wall / o.steps, median_ms, phase_ms[0], phase_ms[1], phase_ms[2],
                   phase_ms[3], tps, l[0].item<double>(),

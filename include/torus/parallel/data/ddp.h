@@ -69,7 +69,9 @@ struct DDPOptions {
   // CPU buckets live in shared host memory (comm::shared_host_zeros), so
   // that the ofi backend's same-host all_reduce reads and writes the peers'
   // buckets directly (Note [Zero-copy host ops]); other backends are not
-  // affected.
+  // affected. With false they are ordinary tensors: still shared memory
+  // where the shared host allocator is installed (Note [Shared host
+  // allocator]), ordinary heap memory where it is not.
   bool shared_host_buckets = true;
 };
 
