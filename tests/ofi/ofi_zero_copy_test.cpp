@@ -595,6 +595,25 @@ TEST(ZeroCopy, MixedBuffersFallBackToTheStripes) {
                 "uneven all_to_all: element " + std::to_string(at) + " from rank " + std::to_string(q));
       }
     }
+    // Equal blocks, shared input everywhere but on rank 1: ranks 0 and 2
+    // offer zero-copy (and carry no data in the first round), rank 1 does
+    // not; all take the stripes from the first one.
+    {
+      const size_t blk = 30001;
+      const size_t un = static_cast<size_t>(n);
+      std::vector<size_t> eq(un, blk);
+      std::vector<float> heap_a(un * blk);
+      SharedVec<float> sh_a(un * blk), sh_b(un * blk);
+      float* a_src = rank == 1 ? heap_a.data() : sh_a.data();
+      for (size_t i = 0; i < un * blk; ++i) a_src[i] = static_cast<float>(rank * 1000000 + static_cast<int>(i));
+      b.all_to_all(a_src, sh_b.data(), eq, eq, DType::kF32, kT)->wait();
+      for (size_t i = 0; i < un * blk; ++i) {
+        const int q = static_cast<int>(i / blk);
+        const size_t from = static_cast<size_t>(rank) * blk + i % blk;
+        require(sh_b[i] == static_cast<float>(q * 1000000 + static_cast<int>(from)),
+                "mixed all_to_all: element " + std::to_string(i));
+      }
+    }
     require(host_zero_copy_ops() == before, "an op with ordinary buffers took the zero-copy path");
     // Only the buffers peers touch must be shared: a broadcast's root buffer,
     // a reduce_scatter's inputs.

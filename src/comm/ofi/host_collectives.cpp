@@ -962,27 +962,53 @@ Task host_all_to_all(OpCtx& c, HostGroup* h, const void* in_v, void* out_v, std:
     if (q != um) largest = std::max({largest, send_counts[q] * elt, recv_counts[q] * elt});
     total += recv_counts[q] * elt;
   }
-  // Only the pairs know their block sizes: agree on the number of rounds
-  // through the mailboxes first, and on whether every rank's blocks are all
-  // the same size, large enough and in shared host memory, to try the
-  // zero-copy path (heap buffers then cost no extra round).
+  // Only the pairs know their block sizes, so the ranks agree on the number
+  // of rounds, and on whether every rank's blocks are all the same size,
+  // large enough and in shared host memory (the zero-copy path), through
+  // their mailboxes. That first round also carries the first stripe of
+  // every block in the in-slots, from each rank that does not offer
+  // zero-copy: a small all_to_all is one round.
   const bool uniform = std::all_of(send_counts.begin(), send_counts.end(),
                                    [&](size_t n) { return n == send_counts[0]; }) &&
                        std::all_of(recv_counts.begin(), recv_counts.end(),
                                    [&](size_t n) { return n == send_counts[0]; });
+  const bool nt = total >= h->nt_bytes;
+  auto copy_in = [&](size_t t, uint64_t r) {
+    char* slot = s.in_slot(me, r);
+    for (size_t q = 0; q < static_cast<size_t>(L); ++q) {
+      size_t n = algo::chunk_len(send_counts[q] * elt, stripe, t);
+      if (q != um && n > 0) std::memcpy(slot + q * stripe, in + sdispl[q] + t * stripe, n);
+    }
+  };
+  auto copy_out = [&](size_t t, uint64_t r) {
+    for (size_t q = 0; q < static_cast<size_t>(L); ++q) {
+      size_t n = algo::chunk_len(recv_counts[q] * elt, stripe, t);
+      if (q == um || n == 0) continue;
+      put_output(out + rdispl[q] + t * stripe, s.in_slot(static_cast<int>(q), r) + um * stripe, n, nt);
+    }
+  };
   uint64_t most = largest;
-  bool all_zero_copy = true;
+  bool all_zero_copy = true, any_zero_copy = false;
   {
     const bool eligible =
         uniform && send_counts[0] > 0 && zero_copy_wanted(h, total) && is_shared_host(in, total);
+    const uint64_t r = ++h->round;
+    co_await wait_mailbox_free(c, h, r);
+    co_await wait_slots_free(c, h, r);
+    if (!eligible) copy_in(0, r);
     const uint64_t mine[2] = {largest, eligible ? 1u : 0u};
-    co_await exchange_mailboxes(c, h, mine, sizeof(mine));
+    publish_mailbox(h, r, mine, sizeof(mine));  // after the data: a peer that sees it sees the data
+    co_await wait_mailboxes(c, h, r);
+    note_all_consumed(h, r);
     for (int q = 0; q < L; ++q) {
       uint64_t v[2];
-      std::memcpy(v, h->gathered.data() + static_cast<size_t>(q) * sizeof(v), sizeof(v));
+      std::memcpy(v, q == me ? static_cast<const void*>(mine) : s.mailbox(q, r).data, sizeof(v));
       most = std::max(most, v[0]);
       all_zero_copy = all_zero_copy && v[1] != 0;
+      any_zero_copy = any_zero_copy || v[1] != 0;
     }
+    if (!any_zero_copy) copy_out(0, r);  // every rank carried its first stripe
+    signal(h, Counter::kConsumed, r);
   }
   if (all_zero_copy) {
     // Every rank copies block `me` of every input into its own output.
@@ -999,34 +1025,27 @@ Task host_all_to_all(OpCtx& c, HostGroup* h, const void* in_v, void* out_v, std:
     }
   }
   copy_bytes(out + rdispl[um], in + sdispl[um], send_counts[um] * elt);
-  const size_t rounds = algo::chunks_of(most, stripe);
-  const bool nt = total >= h->nt_bytes;
-  auto copy_in = [&](size_t t, uint64_t r) {
-    char* slot = s.in_slot(me, r);
-    for (size_t q = 0; q < static_cast<size_t>(L); ++q) {
-      size_t n = algo::chunk_len(send_counts[q] * elt, stripe, t);
-      if (q != um && n > 0) std::memcpy(slot + q * stripe, in + sdispl[q] + t * stripe, n);
-    }
-    signal(h, Counter::kCopied, r);
-  };
+  // The stripes that remain: all of them where a rank offered zero-copy
+  // (it carried none), else all but the first.
+  const size_t chunks = algo::chunks_of(most, stripe);
+  const size_t first = any_zero_copy ? 0 : 1;
+  const size_t rounds = chunks > first ? chunks - first : 0;
   const uint64_t base = h->round;
   h->round += rounds;
   if (rounds > 0) {
     co_await wait_slots_free(c, h, base + 1);
-    copy_in(0, base + 1);
+    copy_in(first, base + 1);
+    signal(h, Counter::kCopied, base + 1);
   }
-  for (size_t t = 0; t < rounds; ++t) {
-    const uint64_t r = base + t + 1;
+  for (size_t k = 0; k < rounds; ++k) {
+    const uint64_t r = base + k + 1;
     co_await wait_for(c, h, Counter::kCopied, r);
-    for (size_t q = 0; q < static_cast<size_t>(L); ++q) {
-      size_t n = algo::chunk_len(recv_counts[q] * elt, stripe, t);
-      if (q == um || n == 0) continue;
-      put_output(out + rdispl[q] + t * stripe, s.in_slot(static_cast<int>(q), r) + um * stripe, n, nt);
-    }
+    copy_out(first + k, r);
     signal(h, Counter::kConsumed, r);
-    if (t + 1 < rounds) {
+    if (k + 1 < rounds) {
       co_await wait_slots_free(c, h, r + 1);
-      copy_in(t + 1, r + 1);
+      copy_in(first + k + 1, r + 1);
+      signal(h, Counter::kCopied, r + 1);
     }
   }
 }
