@@ -37,7 +37,7 @@ inline thread_local bool frame_cache_gone = false;  // set when this thread's ca
 
 class FrameCache {
  public:
-  static constexpr size_t kGranule = 64, kClasses = 16, kKeep = 64;
+  static constexpr size_t kGranule = 64, kClasses = 64, kKeep = 64;  // frames up to 4 KiB
   ~FrameCache() {
     frame_cache_gone = true;  // frees after this (static destructors) bypass the cache
     for (auto& list : free_) {
