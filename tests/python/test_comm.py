@@ -168,3 +168,32 @@ def test_shared_host_allocator_follows_the_policy(world):
     x = torch.arange(count, dtype=torch.float32) % 5 + r
     world.all_reduce(x).wait()
     assert torch.equal(x, n * (torch.arange(count, dtype=torch.float32) % 5) + n * (n - 1) / 2)
+
+
+def test_forked_data_loader_workers_read_pool_tensors(world):
+    """DataLoader workers forked after torus.init read a dataset tensor that
+    lives in the shared host pool (where the allocator is installed): their
+    batches are right, and what they write to their copies never reaches
+    this process."""
+    n, r = world.size, world.rank
+    rows = 4096
+    data = torch.arange(rows * 64, dtype=torch.float32).view(rows, 64) + r  # 1 MiB: a pool block on ofi
+    keep = data.clone()
+    assert torus.is_shared_host(data) == torus.shared_host_allocator_installed()
+
+    class Rows(torch.utils.data.Dataset):
+        def __len__(self):
+            return rows
+
+        def __getitem__(self, i):
+            row = data[i].clone()
+            data[i].fill_(-1.0)  # a worker's write: must stay in the worker
+            return row
+
+    loader = torch.utils.data.DataLoader(Rows(), batch_size=256, num_workers=2,
+                                         multiprocessing_context="fork")
+    got = torch.cat(list(loader))
+    assert torch.equal(got, keep)
+    assert torch.equal(data, keep), "a forked worker's write reached the parent's tensor"
+    world.all_reduce(got).wait()  # still usable in collectives afterwards
+    assert torch.equal(got, n * (keep - r) + n * (n - 1) / 2)
