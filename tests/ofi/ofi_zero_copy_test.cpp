@@ -491,6 +491,25 @@ uint64_t check_all_kinds(Backend& b, size_t count, size_t skew) {
     ops += 2;
   }
   {
+    // reduce to rank 1 (rank 0 with one rank): f32 sum (the fused kernel
+    // when aligned) and i32 max, in and out of place; only the root's
+    // output is written.
+    const int root = n > 1 ? 1 : 0;
+    SharedVec<float> in(count, skew), out(count, skew);
+    for (size_t i = 0; i < count; ++i) in[i] = static_cast<float>(contribution(me, i)), out[i] = -1.f;
+    b.reduce(in.data(), out.data(), count, DType::kF32, ReduceOp::kSum, root, kT)->wait();
+    if (me == root) {
+      require_values(out.vec(), [&](size_t i) { return sum_over(n, i); }, "reduce f32 sum" + c);
+    } else {
+      require_values(out.vec(), [&](size_t) { return -1.0; }, "reduce wrote a non-root output" + c);
+    }
+    SharedVec<int32_t> x(count, skew);
+    for (size_t i = 0; i < count; ++i) x[i] = static_cast<int32_t>(contribution(me, i)) - 7;
+    b.reduce(x.data(), x.data(), count, DType::kI32, ReduceOp::kMax, root, kT)->wait();
+    if (me == root) require_values(x.vec(), [&](size_t i) { return max_over(n, i) - 7; }, "reduce i32 max" + c);
+    ops += 2;
+  }
+  {
     // broadcast from the last rank
     const int root = n - 1;
     SharedVec<float> buf(count, skew);
@@ -633,10 +652,17 @@ TEST(ZeroCopy, MixedBuffersFallBackToTheStripes) {
     require_values(rs_out, [&](size_t i) { return sum_over(n, static_cast<size_t>(rank) * count + i); },
                    "reduce_scatter into heap outputs");
     require(host_zero_copy_ops() == before + 2, "a reduce_scatter of shared inputs did not take the path");
+    // reduce: shared inputs and the root's output; the others' outputs heap.
+    std::vector<float> red_heap(count, -1.f);
+    SharedVec<float> red_root(count);
+    b.reduce(in.data(), rank == root ? red_root.data() : red_heap.data(), count, DType::kF32, ReduceOp::kSum, root,
+             kT)->wait();
+    if (rank == root) require_values(red_root.vec(), [&](size_t i) { return sum_over(n, i); }, "reduce, heap elsewhere");
+    require(host_zero_copy_ops() == before + 3, "a reduce of shared inputs into a shared root did not take the path");
     // And all shared again: zero-copy.
     b.all_reduce(in.data(), out.data(), count, DType::kF32, ReduceOp::kSum, kT)->wait();
     require_values(out.vec(), [&](size_t i) { return sum_over(n, i); }, "all-shared all_reduce after");
-    require(host_zero_copy_ops() == before + 3, "the all-shared op did not take the zero-copy path");
+    require(host_zero_copy_ops() == before + 4, "the all-shared op did not take the zero-copy path");
   });
   expect_all_ok(results);
 }

@@ -350,9 +350,11 @@ Task exchange_mailboxes(OpCtx& c, HostGroup* h, const void* data, size_t bytes) 
 // shared host memory, and only those are mapped.
 struct ZeroCopyNeeds {
   bool inputs = true;   // every rank's input (or only `only_input_of`'s)
-  bool outputs = true;  // every rank's output
+  bool outputs = true;  // every rank's output (or only `only_output_of`'s)
   int only_input_of = -1;
+  int only_output_of = -1;
   bool input(int q) const { return inputs && (only_input_of < 0 || q == only_input_of); }
+  bool output(int q) const { return outputs && (only_output_of < 0 || q == only_output_of); }
 };
 
 // Two mailbox rounds: do the ranks' `in` (in_bytes) and `out` (out_bytes)
@@ -375,7 +377,7 @@ Task zero_copy_agree(OpCtx& c, HostGroup* h, const void* in, size_t in_bytes, vo
     TORUS_CHECK(ref.in_bytes == in_bytes, InvalidArgument,
                 "{}: local ranks disagree on the size: world rank {} has {} bytes per rank, world rank {} has {}",
                 c.info().describe(), s.control(me).world_rank, in_bytes, s.control(q).world_rank, ref.in_bytes);
-    all_shared = all_shared && (!needs.input(q) || ref.in_id != 0) && (!needs.outputs || ref.out_id != 0);
+    all_shared = all_shared && (!needs.input(q) || ref.in_id != 0) && (!needs.output(q) || ref.out_id != 0);
   }
   if (!all_shared) co_return;
   // Map the peers' buffers; a second round agrees that all ranks could.
@@ -395,7 +397,7 @@ Task zero_copy_agree(OpCtx& c, HostGroup* h, const void* in, size_t in_bytes, vo
       ok = ok && i != nullptr;
       if (i != nullptr) v.in[static_cast<size_t>(q)] = i + ref.in_off;
     }
-    if (needs.outputs && ok) {
+    if (needs.output(q) && ok) {
       char* o = h->peers->map(pid, ref.out_id, ref.out_fd, ref.out_inode, ref.out_off + out_bytes, ref.out_off);
       ok = ok && o != nullptr;
       if (o != nullptr) v.out[static_cast<size_t>(q)] = o + ref.out_off;
@@ -475,22 +477,22 @@ bool cpu_has_avx512f() {
   return yes;
 }
 
-// dst_q[out_first + i] for every output q (or only this rank's: `all_outputs`
-// false) = the reduction, in rank order, of src_q[in_first + i] over every
-// input q, i < n; `total` is the op's size (for the store kind).
+// dst_q[out_first + i] for every output q (or only `only_output`'s, when it
+// is a rank) = the reduction, in rank order, of src_q[in_first + i] over
+// every input q, i < n; `total` is the op's size (for the store kind).
 void zero_copy_reduce(OpCtx& c, HostGroup* h, const ZeroCopyViews& v, size_t in_first, size_t out_first, size_t n,
-                      DType t, ReduceOp op, int64_t divisor, bool all_outputs, size_t total) {
-  const int L = h->local_size(), me = h->local_rank();
+                      DType t, ReduceOp op, int64_t divisor, int only_output, size_t total) {
+  const int L = h->local_size();
   const size_t e = dtype_size(t), ce = kZeroCopyChunkBytes / e;
   if (t == DType::kF32 && op == ReduceOp::kSum && divisor <= 1 && total >= h->nt_bytes && cpu_has_avx512f()) {
     bool aligned = true;
     for (int q = 0; q < L; ++q) {
-      if (all_outputs || q == me) {
+      if (only_output < 0 || q == only_output) {
         aligned = aligned && reinterpret_cast<uintptr_t>(v.out[static_cast<size_t>(q)] + out_first * e) % 64 == 0;
       }
     }
     if (aligned) {
-      zero_copy_sum_f32_nt(v.in, v.out, in_first, out_first, n, all_outputs ? -1 : me);
+      zero_copy_sum_f32_nt(v.in, v.out, in_first, out_first, n, only_output);
       return;
     }
   }
@@ -503,7 +505,7 @@ void zero_copy_reduce(OpCtx& c, HostGroup* h, const ZeroCopyViews& v, size_t in_
     for (int q = 0; q < L; ++q) srcs[static_cast<size_t>(q)] = v.in[static_cast<size_t>(q)] + (in_first + done) * e;
     combine(chunk, srcs, m, t, op, divisor, acc);
     for (int q = 0; q < L; ++q) {
-      if (all_outputs || q == me) {
+      if (only_output < 0 || q == only_output) {
         zero_copy_put(h, total, v.out[static_cast<size_t>(q)] + (out_first + done) * e, chunk, m * e);
       }
     }
@@ -725,7 +727,7 @@ Task host_all_reduce(OpCtx& c, HostGroup* h, const void* in_v, void* out_v, size
     co_await zero_copy_agree(c, h, in, bytes, out, bytes, {}, agreed, v);
     if (agreed) {
       auto [first, n] = zero_copy_block(count, e, L, me);
-      zero_copy_reduce(c, h, v, first, first, n, t, op, divisor, true, bytes);
+      zero_copy_reduce(c, h, v, first, first, n, t, op, divisor, -1, bytes);
       co_await zero_copy_done(c, h);
       co_return;
     }
@@ -784,7 +786,7 @@ Task host_reduce_scatter(OpCtx& c, HostGroup* h, const void* in, void* out, size
     co_await zero_copy_agree(c, h, in, L * block, out, block, {.inputs = true, .outputs = false}, agreed, v);
     if (agreed) {
       const size_t me = static_cast<size_t>(h->local_rank());
-      zero_copy_reduce(c, h, v, me * count, 0, count, t, op, divisor, false, L * block);
+      zero_copy_reduce(c, h, v, me * count, 0, count, t, op, divisor, static_cast<int>(me), L * block);
       co_await zero_copy_done(c, h);
       co_return;
     }
@@ -881,8 +883,21 @@ Task host_reduce(OpCtx& c, HostGroup* h, const void* in, void* out, size_t count
     }
     co_return;
   }
-  algo::Partition p = algo::balanced(count, h->local_size());
   const bool is_root = h->local_rank() == root;
+  if (zero_copy_wanted(h, count * e) && count > 0) {
+    // Local rank i reduces block i from every input into the root's output.
+    bool agreed = false;
+    ZeroCopyViews v;
+    co_await zero_copy_agree(c, h, in, count * e, is_root ? out : nullptr, is_root ? count * e : 0,
+                             {.inputs = true, .outputs = true, .only_output_of = root}, agreed, v);
+    if (agreed) {
+      auto [first, n] = zero_copy_block(count, e, h->local_size(), h->local_rank());
+      zero_copy_reduce(c, h, v, first, first, n, t, op, divisor, root, count * e);
+      co_await zero_copy_done(c, h);
+      co_return;
+    }
+  }
+  algo::Partition p = algo::balanced(count, h->local_size());
   HostPass a;
   a.dtype = t;
   a.op = op;

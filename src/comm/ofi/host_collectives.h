@@ -19,15 +19,16 @@
 //  * broadcast: the root streams stripes through its in-slot.
 //  * barrier: one round of counters.
 //
-// Note [Zero-copy host ops]: all_reduce, reduce_scatter, all_gather,
-// broadcast and all_to_all (equal blocks; its first round also agrees on
-// that) of at least HostGroup::zero_copy_bytes first spend one mailbox round on
+// Note [Zero-copy host ops]: all_reduce, reduce_scatter, reduce,
+// all_gather, broadcast and all_to_all (equal blocks; its first round also
+// agrees on that) of at least HostGroup::zero_copy_bytes first spend one mailbox round on
 // whether every rank's input and output lie in shared host memory
 // (torus/comm/shared_host.h). When they do, and every rank could map every
 // peer's buffers (a second round says so), no data goes through the
 // stripes: local rank i reduces block i straight from all the inputs and
 // writes it into all the outputs (all_reduce), into its own output
-// (reduce_scatter), or writes its input into block i of all the outputs
+// (reduce_scatter), into the root's output (reduce; only the root's output
+// need be shared), or writes its input into block i of all the outputs
 // (all_gather); in a broadcast every other rank copies the root's buffer,
 // in an all_to_all every rank copies its block of every input;
 // a last round says everyone is done with everyone's buffers.
