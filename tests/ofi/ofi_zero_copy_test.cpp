@@ -528,6 +528,30 @@ uint64_t check_all_kinds(Backend& b, size_t count, size_t skew) {
                    "all_to_all" + c);
     ops += 1;
   }
+  {
+    // all_to_all, uneven blocks: rank r sends count + r * n + q elements to
+    // q (at least one), so every block has its own size and offset.
+    std::vector<size_t> send(un), recv(un), soff(un + 1, 0), roff(un + 1, 0);
+    for (size_t q = 0; q < un; ++q) {
+      send[q] = count + um * un + q;
+      recv[q] = count + q * un + um;
+      soff[q + 1] = soff[q] + send[q];
+      roff[q + 1] = roff[q] + recv[q];
+    }
+    SharedVec<float> in(soff[un], skew), out(roff[un], skew);
+    for (size_t i = 0; i < soff[un]; ++i) in[i] = static_cast<float>(contribution(me, i));
+    for (size_t i = 0; i < roff[un]; ++i) out[i] = -1.f;
+    b.all_to_all(in.data(), out.data(), send, recv, DType::kF32, kT)->wait();
+    for (size_t q = 0; q < un; ++q) {
+      size_t from = 0;  // where q's block for this rank starts in q's input
+      for (size_t p = 0; p < um; ++p) from += count + q * un + p;
+      for (size_t i = 0; i < recv[q]; ++i) {
+        require(out[roff[q] + i] == static_cast<float>(contribution(static_cast<int>(q), from + i)),
+                "uneven all_to_all: element " + std::to_string(i) + " from rank " + std::to_string(q) + c);
+      }
+    }
+    ops += 1;
+  }
   return ops;
 }
 
@@ -594,7 +618,7 @@ TEST(ZeroCopy, MixedBuffersFallBackToTheStripes) {
     std::vector<float> g = rank == 2 ? gathered : sg.vec();
     require_values(g, [&](size_t i) { return contribution(static_cast<int>(i / count), i % count); },
                    "mixed all_gather");
-    // Shared buffers but uneven all_to_all blocks: the stripes too.
+    // Uneven all_to_all blocks with a heap input on rank 1: the stripes.
     std::vector<size_t> send(static_cast<size_t>(n)), recv(static_cast<size_t>(n));
     for (int q = 0; q < n; ++q) {
       send[static_cast<size_t>(q)] = 20000 + static_cast<size_t>(rank * n + q);  // to q
@@ -602,9 +626,11 @@ TEST(ZeroCopy, MixedBuffersFallBackToTheStripes) {
     }
     size_t sends = 0, recvs = 0;
     for (int q = 0; q < n; ++q) sends += send[static_cast<size_t>(q)], recvs += recv[static_cast<size_t>(q)];
-    SharedVec<float> a_in(sends), a_out(recvs);
+    SharedVec<float> a_shared(sends), a_out(recvs);
+    std::vector<float> a_heap(sends);
+    float* a_in = rank == 1 ? a_heap.data() : a_shared.data();
     for (size_t i = 0; i < sends; ++i) a_in[i] = static_cast<float>(rank * 1000000 + static_cast<int>(i));
-    b.all_to_all(a_in.data(), a_out.data(), send, recv, DType::kF32, kT)->wait();
+    b.all_to_all(a_in, a_out.data(), send, recv, DType::kF32, kT)->wait();
     size_t at = 0;
     for (int q = 0; q < n; ++q) {
       size_t off = 0;  // where q's block for this rank starts in q's input

@@ -353,6 +353,7 @@ struct ZeroCopyNeeds {
   bool outputs = true;  // every rank's output (or only `only_output_of`'s)
   int only_input_of = -1;
   int only_output_of = -1;
+  bool same_sizes = true;  // every rank's input has the same size (checked); false: an uneven all_to_all
   bool input(int q) const { return inputs && (only_input_of < 0 || q == only_input_of); }
   bool output(int q) const { return outputs && (only_output_of < 0 || q == only_output_of); }
 };
@@ -374,7 +375,7 @@ Task zero_copy_agree(OpCtx& c, HostGroup* h, const void* in, size_t in_bytes, vo
   bool all_shared = true;
   for (int q = 0; q < L; ++q) {
     const ZeroCopyRef& ref = refs[static_cast<size_t>(q)];
-    TORUS_CHECK(ref.in_bytes == in_bytes, InvalidArgument,
+    TORUS_CHECK(!needs.same_sizes || ref.in_bytes == in_bytes, InvalidArgument,
                 "{}: local ranks disagree on the size: world rank {} has {} bytes per rank, world rank {} has {}",
                 c.info().describe(), s.control(me).world_rank, in_bytes, s.control(q).world_rank, ref.in_bytes);
     all_shared = all_shared && (!needs.input(q) || ref.in_id != 0) && (!needs.output(q) || ref.out_id != 0);
@@ -393,7 +394,7 @@ Task zero_copy_agree(OpCtx& c, HostGroup* h, const void* in, size_t in_bytes, vo
     }
     const int pid = s.control(q).pid;
     if (needs.input(q)) {
-      char* i = h->peers->map(pid, ref.in_id, ref.in_fd, ref.in_inode, ref.in_off + in_bytes, ref.in_off);
+      char* i = h->peers->map(pid, ref.in_id, ref.in_fd, ref.in_inode, ref.in_off + ref.in_bytes, ref.in_off);
       ok = ok && i != nullptr;
       if (i != nullptr) v.in[static_cast<size_t>(q)] = i + ref.in_off;
     }
@@ -888,7 +889,7 @@ Task host_reduce(OpCtx& c, HostGroup* h, const void* in, void* out, size_t count
     // Local rank i reduces block i from every input into the root's output.
     bool agreed = false;
     ZeroCopyViews v;
-    co_await zero_copy_agree(c, h, in, count * e, is_root ? out : nullptr, is_root ? count * e : 0,
+    co_await zero_copy_agree(c, h, in, count * e, is_root ? out : nullptr, count * e,
                              {.inputs = true, .outputs = true, .only_output_of = root}, agreed, v);
     if (agreed) {
       auto [first, n] = zero_copy_block(count, e, h->local_size(), h->local_rank());
@@ -978,15 +979,11 @@ Task host_all_to_all(OpCtx& c, HostGroup* h, const void* in_v, void* out_v, std:
     total += recv_counts[q] * elt;
   }
   // Only the pairs know their block sizes, so the ranks agree on the number
-  // of rounds, and on whether every rank's blocks are all the same size,
-  // large enough and in shared host memory (the zero-copy path), through
+  // of rounds, and on whether every rank's input is large enough and in
+  // shared host memory (the zero-copy path, equal blocks or not), through
   // their mailboxes. That first round also carries the first stripe of
   // every block in the in-slots, from each rank that does not offer
   // zero-copy: a small all_to_all is one round.
-  const bool uniform = std::all_of(send_counts.begin(), send_counts.end(),
-                                   [&](size_t n) { return n == send_counts[0]; }) &&
-                       std::all_of(recv_counts.begin(), recv_counts.end(),
-                                   [&](size_t n) { return n == send_counts[0]; });
   const bool nt = total >= h->nt_bytes;
   auto copy_in = [&](size_t t, uint64_t r) {
     char* slot = s.in_slot(me, r);
@@ -1002,17 +999,25 @@ Task host_all_to_all(OpCtx& c, HostGroup* h, const void* in_v, void* out_v, std:
       put_output(out + rdispl[q] + t * stripe, s.in_slot(static_cast<int>(q), r) + um * stripe, n, nt);
     }
   };
+  static_assert(sizeof(size_t) == sizeof(uint64_t));  // sdispl travels as it is
+  const size_t sends = sdispl[static_cast<size_t>(L) - 1] + send_counts[static_cast<size_t>(L) - 1] * elt;
   uint64_t most = largest;
   bool all_zero_copy = true, any_zero_copy = false;
+  std::vector<uint64_t>& from = h->offsets;  // zero-copy: where this rank's block starts in each peer's input
   {
-    const bool eligible =
-        uniform && send_counts[0] > 0 && zero_copy_wanted(h, total) && is_shared_host(in, total);
+    // A rank that offers zero-copy carries, instead of data, where each
+    // peer's block starts in its input (the peers cannot know: uneven).
+    const bool eligible = sends > 0 && zero_copy_wanted(h, std::max(sends, total)) && is_shared_host(in, sends);
     const uint64_t r = ++h->round;
     co_await wait_mailbox_free(c, h, r);
     co_await wait_slots_free(c, h, r);
-    if (!eligible) copy_in(0, r);
+    if (eligible) {
+      std::memcpy(s.in_slot(me, r), sdispl.data(), static_cast<size_t>(L) * sizeof(uint64_t));
+    } else {
+      copy_in(0, r);
+    }
     const uint64_t mine[2] = {largest, eligible ? 1u : 0u};
-    publish_mailbox(h, r, mine, sizeof(mine));  // after the data: a peer that sees it sees the data
+    publish_mailbox(h, r, mine, sizeof(mine));  // after the slot: a peer that sees it sees the slot
     co_await wait_mailboxes(c, h, r);
     note_all_consumed(h, r);
     for (int q = 0; q < L; ++q) {
@@ -1022,18 +1027,24 @@ Task host_all_to_all(OpCtx& c, HostGroup* h, const void* in_v, void* out_v, std:
       all_zero_copy = all_zero_copy && v[1] != 0;
       any_zero_copy = any_zero_copy || v[1] != 0;
     }
+    if (all_zero_copy) {
+      from.resize(static_cast<size_t>(L));
+      for (size_t q = 0; q < static_cast<size_t>(L); ++q) {
+        std::memcpy(&from[q], s.in_slot(static_cast<int>(q), r) + um * sizeof(uint64_t), sizeof(uint64_t));
+      }
+    }
     if (!any_zero_copy) copy_out(0, r);  // every rank carried its first stripe
     signal(h, Counter::kConsumed, r);
   }
   if (all_zero_copy) {
-    // Every rank copies block `me` of every input into its own output.
-    const size_t block = send_counts[0] * elt;
+    // Every rank copies its block of every input into its own output.
     bool agreed = false;
     ZeroCopyViews v;
-    co_await zero_copy_agree(c, h, in, total, out, total, {.inputs = true, .outputs = false}, agreed, v);
+    co_await zero_copy_agree(c, h, in, sends, out, total, {.inputs = true, .outputs = false, .same_sizes = false},
+                             agreed, v);
     if (agreed) {
       for (size_t q = 0; q < static_cast<size_t>(L); ++q) {
-        zero_copy_put(h, total, out + q * block, v.in[q] + um * block, block);
+        zero_copy_put(h, total, out + rdispl[q], v.in[q] + from[q], recv_counts[q] * elt);
       }
       co_await zero_copy_done(c, h);
       co_return;

@@ -20,8 +20,9 @@
 //  * barrier: one round of counters.
 //
 // Note [Zero-copy host ops]: all_reduce, reduce_scatter, reduce,
-// all_gather, broadcast and all_to_all (equal blocks; its first round also
-// agrees on that) of at least HostGroup::zero_copy_bytes first spend one mailbox round on
+// all_gather, broadcast and all_to_all (equal or uneven blocks; its first
+// round, which agrees on the number of rounds, also carries where each
+// peer's block starts) of at least HostGroup::zero_copy_bytes first spend one mailbox round on
 // whether every rank's input and output lie in shared host memory
 // (torus/comm/shared_host.h). When they do, and every rank could map every
 // peer's buffers (a second round says so), no data goes through the
@@ -71,6 +72,7 @@ struct HostGroup {
   std::unique_ptr<PeerMappings> peers = std::make_unique<PeerMappings>();  // the peers' shared buffers
   bool zero_copy_logged = false;       // the first zero-copy op of the group is logged (debug)
   std::vector<const char*> srcs;       // scratch: the sources of one combine
+  std::vector<uint64_t> offsets;       // scratch: a zero-copy all_to_all's block offsets in the peers' inputs
   std::vector<float> acc;              // scratch: f32 accumulator of an inline half combine
   std::vector<char> gathered;          // scratch: every rank's mailbox data of one exchange
   Clock::time_point next_liveness_check{};
