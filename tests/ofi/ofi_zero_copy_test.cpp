@@ -595,6 +595,40 @@ TEST(ZeroCopy, PoolBlocksTakeThePath) {
   expect_all_ok(results);
 }
 
+// Two (fake) hosts of two ranks: the hierarchical all_reduce's reduce-
+// scatter and all-gather on each host take the zero-copy path on shared
+// buffers (two zero-copy ops per all_reduce), in and out of place, with
+// the closed-form results; with a heap buffer on one rank, its host's
+// phases take the stripes and the results are the same.
+TEST(ZeroCopy, HierarchicalAllReduceHostPhases) {
+  JobSpec spec = zero_copy_job(4, false);
+  spec.host_of = {0, 0, 1, 1};
+  auto results = run_job(spec, [&](Backend& b, int rank) {
+    const int n = b.size();
+    const size_t count = 100003;  // past the recursive-doubling sizes: the reduce-scatter form
+    const uint64_t before = host_zero_copy_ops();
+    SharedVec<float> in(count, 4), out(count, 4);
+    for (size_t i = 0; i < count; ++i) in[i] = static_cast<float>(contribution(rank, i)), out[i] = -1.f;
+    b.all_reduce(in.data(), out.data(), count, DType::kF32, ReduceOp::kSum, kT)->wait();
+    require_values(out.vec(), [&](size_t i) { return sum_over(n, i); }, "hierarchical all_reduce");
+    b.all_reduce(in.data(), in.data(), count, DType::kF32, ReduceOp::kAvg, kT)->wait();
+    require_values(in.vec(), [&](size_t i) { return sum_over(n, i) / n; }, "hierarchical all_reduce avg in place",
+                   1e-5);
+    require(host_zero_copy_ops() - before == 4,
+            "zero-copy host phases: " + std::to_string(host_zero_copy_ops() - before) + " of 4");
+    std::vector<float> heap(count);
+    SharedVec<float> shared(count);
+    float* x = rank == 2 ? heap.data() : shared.data();
+    for (size_t i = 0; i < count; ++i) x[i] = static_cast<float>(contribution(rank, i));
+    const uint64_t mid = host_zero_copy_ops();
+    b.all_reduce(x, x, count, DType::kF32, ReduceOp::kMax, kT)->wait();
+    require_values(std::vector<float>(x, x + count), [&](size_t i) { return max_over(n, i); },
+                   "hierarchical all_reduce, one heap buffer");
+    require(host_zero_copy_ops() - mid == (rank < 2 ? 2u : 0u), "the heap buffer's host took the path, or the other did not");
+  });
+  expect_all_ok(results);
+}
+
 // One rank with ordinary buffers where peers need them: every rank takes
 // the stripes (the same answer everywhere), and the results are right;
 // ordinary buffers that only their owner touches do not stop the path.

@@ -61,29 +61,13 @@ Task group_all_reduce(OpCtx& c, Topology* t, const void* in, void* out_v, size_t
     algo::Partition p = algo::balanced(count, L);
     char* block = out + p.off[static_cast<size_t>(me)] * e;
     if (L > 1) {
-      HostPass rs;
-      rs.dtype = dt;
-      rs.op = op;
-      rs.len = p.len;
-      rs.in = static_cast<const char*>(in);
-      rs.in_off = p.off;
-      rs.my_dst = block;
-      co_await host_pass(c, &t->host, std::move(rs));
+      co_await host_reduce_scatter_blocks(c, &t->host, in, out, p.len, p.off, dt, op);
     } else {
       copy_bytes(out, in, bytes);
     }
     co_await algo::all_reduce(c, &t->cross, block, block, p.len[static_cast<size_t>(me)], dt, op, divisor, seq,
                               t->tuning);
-    if (L > 1) {
-      HostPass ag;
-      ag.dtype = dt;
-      ag.len = p.len;
-      ag.my_src = block;
-      ag.gather = true;
-      ag.out = out;
-      ag.out_off = p.off;
-      co_await host_pass(c, &t->host, std::move(ag));
-    }
+    if (L > 1) co_await host_all_gather_blocks(c, &t->host, out, p.len, p.off, dt);
     co_return;
   }
   // Reduce to each host's leader, all_reduce among leaders, broadcast back.

@@ -748,6 +748,60 @@ Task host_all_reduce(OpCtx& c, HostGroup* h, const void* in_v, void* out_v, size
   co_await host_pass(c, h, std::move(a));
 }
 
+Task host_reduce_scatter_blocks(OpCtx& c, HostGroup* h, const void* in, void* out_v, std::vector<size_t> len,
+                                std::vector<size_t> off, DType t, ReduceOp op) {
+  const size_t me = static_cast<size_t>(h->local_rank()), e = dtype_size(t);
+  const size_t bytes = (off.back() + len.back()) * e;
+  char* out = static_cast<char*>(out_v);
+  if (zero_copy_wanted(h, bytes)) {
+    // Local rank i reduces its block straight from every rank's input.
+    bool agreed = false;
+    ZeroCopyViews v;
+    co_await zero_copy_agree(c, h, in, bytes, out, bytes, {.inputs = true, .outputs = false}, agreed, v);
+    if (agreed) {
+      zero_copy_reduce(c, h, v, off[me], off[me], len[me], t, op, 0, static_cast<int>(me), bytes);
+      co_await zero_copy_done(c, h);
+      co_return;
+    }
+  }
+  HostPass rs;
+  rs.dtype = t;
+  rs.op = op;
+  rs.in = static_cast<const char*>(in);
+  rs.my_dst = out + off[me] * e;
+  rs.len = std::move(len);
+  rs.in_off = std::move(off);
+  co_await host_pass(c, h, std::move(rs));
+}
+
+Task host_all_gather_blocks(OpCtx& c, HostGroup* h, void* out_v, std::vector<size_t> len, std::vector<size_t> off,
+                            DType t) {
+  const size_t me = static_cast<size_t>(h->local_rank()), e = dtype_size(t);
+  const size_t bytes = (off.back() + len.back()) * e;
+  char* out = static_cast<char*>(out_v);
+  if (zero_copy_wanted(h, bytes)) {
+    // Local rank i writes its block into every rank's output.
+    bool agreed = false;
+    ZeroCopyViews v;
+    co_await zero_copy_agree(c, h, nullptr, 0, out, bytes, {.inputs = false, .outputs = true}, agreed, v);
+    if (agreed) {
+      for (size_t q = 0; q < v.out.size(); ++q) {
+        if (q != me) zero_copy_put(h, bytes, v.out[q] + off[me] * e, out + off[me] * e, len[me] * e);
+      }
+      co_await zero_copy_done(c, h);
+      co_return;
+    }
+  }
+  HostPass ag;
+  ag.dtype = t;
+  ag.my_src = out + off[me] * e;
+  ag.gather = true;
+  ag.out = out;
+  ag.len = std::move(len);
+  ag.out_off = std::move(off);
+  co_await host_pass(c, h, std::move(ag));
+}
+
 Task host_reduce_scatter(OpCtx& c, HostGroup* h, const void* in, void* out, size_t count, DType t, ReduceOp op,
                          int64_t divisor) {
   const size_t L = static_cast<size_t>(h->local_size());

@@ -104,6 +104,17 @@ struct HostPass {
 
 Task host_pass(OpCtx& c, HostGroup* h, HostPass pass);
 
+// The host phases of the hierarchical all_reduce (group_ops.cpp), local
+// block q being `len[q]` elements at `off[q]`: reduce-scatter (no divisor)
+// of every local rank's `in` into this rank's block of `out`; all-gather of
+// every rank's block of `out` into every rank's `out`. Zero-copy where the
+// buffers are shared host memory (Note [Zero-copy host ops]), else a
+// host_pass.
+Task host_reduce_scatter_blocks(OpCtx& c, HostGroup* h, const void* in, void* out, std::vector<size_t> len,
+                                std::vector<size_t> off, DType t, ReduceOp op);
+Task host_all_gather_blocks(OpCtx& c, HostGroup* h, void* out, std::vector<size_t> len, std::vector<size_t> off,
+                            DType t);
+
 Task host_all_reduce(OpCtx& c, HostGroup* h, const void* in, void* out, size_t count, DType t, ReduceOp op,
                      int64_t divisor);
 Task host_reduce_scatter(OpCtx& c, HostGroup* h, const void* in, void* out, size_t count, DType t, ReduceOp op,
