@@ -607,15 +607,17 @@ TEST(ZeroCopy, HierarchicalAllReduceHostPhases) {
     const int n = b.size();
     const size_t count = 100003;  // past the recursive-doubling sizes: the reduce-scatter form
     const uint64_t before = host_zero_copy_ops();
-    SharedVec<float> in(count, 4), out(count, 4);
-    for (size_t i = 0; i < count; ++i) in[i] = static_cast<float>(contribution(rank, i)), out[i] = -1.f;
-    b.all_reduce(in.data(), out.data(), count, DType::kF32, ReduceOp::kSum, kT)->wait();
-    require_values(out.vec(), [&](size_t i) { return sum_over(n, i); }, "hierarchical all_reduce");
-    b.all_reduce(in.data(), in.data(), count, DType::kF32, ReduceOp::kAvg, kT)->wait();
-    require_values(in.vec(), [&](size_t i) { return sum_over(n, i) / n; }, "hierarchical all_reduce avg in place",
-                   1e-5);
-    require(host_zero_copy_ops() - before == 4,
-            "zero-copy host phases: " + std::to_string(host_zero_copy_ops() - before) + " of 4");
+    for (size_t skew : {size_t{0}, size_t{4}}) {  // aligned blocks may take the fused kernel
+      SharedVec<float> in(count, skew), out(count, skew);
+      for (size_t i = 0; i < count; ++i) in[i] = static_cast<float>(contribution(rank, i)), out[i] = -1.f;
+      b.all_reduce(in.data(), out.data(), count, DType::kF32, ReduceOp::kSum, kT)->wait();
+      require_values(out.vec(), [&](size_t i) { return sum_over(n, i); }, "hierarchical all_reduce");
+      b.all_reduce(in.data(), in.data(), count, DType::kF32, ReduceOp::kAvg, kT)->wait();
+      require_values(in.vec(), [&](size_t i) { return sum_over(n, i) / n; }, "hierarchical all_reduce avg in place",
+                     1e-5);
+    }
+    require(host_zero_copy_ops() - before == 8,
+            "zero-copy host phases: " + std::to_string(host_zero_copy_ops() - before) + " of 8");
     std::vector<float> heap(count);
     SharedVec<float> shared(count);
     float* x = rank == 2 ? heap.data() : shared.data();
@@ -781,6 +783,41 @@ TEST(ZeroCopy, DeadPeerIsNamed) {
       EXPECT_TRUE(results[r].exited_ok()) << "rank " << r << ": " << results[r].output;
     }
   }
+}
+
+// A zero-copy all_to_all whose ranks disagree on a block's size: rank 0
+// expects more from rank 1 than rank 1 sends. Rank 0 refuses to read past
+// rank 1's block (InvalidArgument naming rank 1) and the others fail
+// within the deadline instead of hanging.
+TEST(ZeroCopy, AllToAllCountsThatDisagreeAreRefused) {
+  const Ms deadline(5000);
+  auto results = run_job(zero_copy_job(3, false), [&](Backend& b, int rank) {
+    const size_t blk = 30000, un = 3;
+    std::vector<size_t> send(un, blk), recv(un, blk);
+    if (rank == 0) recv[1] = blk + 5;
+    SharedVec<float> in(un * blk), out(un * blk + 5);
+    const auto t0 = std::chrono::steady_clock::now();
+    std::string message;
+    bool invalid = false;
+    try {
+      b.all_to_all(in.data(), out.data(), send, recv, DType::kF32, deadline)->wait();
+      throw std::runtime_error("an all_to_all with disagreeing counts succeeded");
+    } catch (const InvalidArgument& e) {
+      message = e.what(), invalid = true;
+    } catch (const CommError& e) {
+      message = e.what();
+    } catch (const TimeoutError& e) {
+      message = e.what();
+    }
+    const auto took = std::chrono::duration_cast<Ms>(std::chrono::steady_clock::now() - t0);
+    require(took <= deadline + Ms(2000), "failed only after " + std::to_string(took.count()) + " ms: " + message);
+    if (rank == 0) {
+      require(invalid && message.find("world rank 1 sends 120000 bytes") != std::string::npos &&
+                  message.find("disagree") != std::string::npos,
+              "rank 0 did not name the disagreement: " + message);
+    }
+  });
+  expect_all_ok(results);
 }
 
 }  // namespace

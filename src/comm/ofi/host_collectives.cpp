@@ -485,7 +485,9 @@ void zero_copy_reduce(OpCtx& c, HostGroup* h, const ZeroCopyViews& v, size_t in_
                       DType t, ReduceOp op, int64_t divisor, int only_output, size_t total) {
   const int L = h->local_size();
   const size_t e = dtype_size(t), ce = kZeroCopyChunkBytes / e;
-  if (t == DType::kF32 && op == ReduceOp::kSum && divisor <= 1 && total >= h->nt_bytes && cpu_has_avx512f()) {
+  // kAvg without a divisor (the host phase of a hierarchical average) is a sum.
+  const bool sum = op == ReduceOp::kSum || (op == ReduceOp::kAvg && divisor <= 1);
+  if (t == DType::kF32 && sum && divisor <= 1 && total >= h->nt_bytes && cpu_has_avx512f()) {
     bool aligned = true;
     for (int q = 0; q < L; ++q) {
       if (only_output < 0 || q == only_output) {
@@ -1066,7 +1068,11 @@ Task host_all_to_all(OpCtx& c, HostGroup* h, const void* in_v, void* out_v, std:
     co_await wait_mailbox_free(c, h, r);
     co_await wait_slots_free(c, h, r);
     if (eligible) {
-      std::memcpy(s.in_slot(me, r), sdispl.data(), static_cast<size_t>(L) * sizeof(uint64_t));
+      // Block q is [sdispl[q], end) with end = sdispl[q + 1], or `sends`.
+      char* slot = s.in_slot(me, r);
+      std::memcpy(slot, sdispl.data(), static_cast<size_t>(L) * sizeof(uint64_t));
+      const uint64_t end = sends;
+      std::memcpy(slot + static_cast<size_t>(L) * sizeof(uint64_t), &end, sizeof(end));
     } else {
       copy_in(0, r);
     }
@@ -1081,14 +1087,28 @@ Task host_all_to_all(OpCtx& c, HostGroup* h, const void* in_v, void* out_v, std:
       all_zero_copy = all_zero_copy && v[1] != 0;
       any_zero_copy = any_zero_copy || v[1] != 0;
     }
+    int disagrees = -1;  // a peer whose block for this rank is not the size this rank expects
+    uint64_t theirs = 0;
     if (all_zero_copy) {
       from.resize(static_cast<size_t>(L));
       for (size_t q = 0; q < static_cast<size_t>(L); ++q) {
-        std::memcpy(&from[q], s.in_slot(static_cast<int>(q), r) + um * sizeof(uint64_t), sizeof(uint64_t));
+        uint64_t range[2];
+        std::memcpy(range, s.in_slot(static_cast<int>(q), r) + um * sizeof(uint64_t), sizeof(range));
+        from[q] = range[0];
+        if (range[1] - range[0] != recv_counts[q] * elt && disagrees < 0) {
+          disagrees = static_cast<int>(q);
+          theirs = range[1] - range[0];
+        }
       }
     }
     if (!any_zero_copy) copy_out(0, r);  // every rank carried its first stripe
     signal(h, Counter::kConsumed, r);
+    // Reading past a peer's block would read its other memory: refuse.
+    TORUS_CHECK(disagrees < 0, InvalidArgument,
+                "{}: world rank {} sends {} bytes to this rank, which expects {} (the ranks' all_to_all counts "
+                "disagree)",
+                c.info().describe(), s.control(disagrees < 0 ? 0 : disagrees).world_rank, theirs,
+                disagrees < 0 ? 0 : recv_counts[static_cast<size_t>(disagrees)] * elt);
   }
   if (all_zero_copy) {
     // Every rank copies its block of every input into its own output.
