@@ -78,13 +78,7 @@ TEST_P(KilledPeer, OthersFailNamingItAndExitCleanly) {
     // Tearing the backend down must not hang on the dead peer: the body
     // returns, the job harness destroys the backend, the process exits.
   });
-  for (size_t r = 0; r < results.size(); ++r) {
-    if (static_cast<int>(r) == k.victim) {
-      EXPECT_TRUE(WIFSIGNALED(results[r].status)) << "the victim did not die";
-      continue;
-    }
-    EXPECT_TRUE(results[r].exited_ok()) << "rank " << r << ": " << results[r].output;
-  }
+  expect_victim_died(results, k.victim);
 }
 
 INSTANTIATE_TEST_SUITE_P(

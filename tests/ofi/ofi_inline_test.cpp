@@ -226,32 +226,21 @@ TEST(Inline, DeadPeerIsNamed) {
       std::this_thread::sleep_for(Ms(20));
       ::raise(SIGKILL);
     }
-    const auto t0 = Clock::now();
-    std::string message;
-    try {
-      if (rank == 0) {
-        b.all_reduce(&x, &x, 1, DType::kF32, ReduceOp::kSum, deadline)->wait();
-      } else {
-        std::vector<float> out(3);
-        b.all_gather(&x, out.data(), 1, DType::kF32, deadline)->wait();  // an engine-coroutine op
-      }
-      throw std::runtime_error("a collective with a dead peer succeeded");
-    } catch (const CommError& e) {
-      message = e.what();
-    } catch (const TimeoutError& e) {
-      message = e.what();
-    }
-    const auto took = std::chrono::duration_cast<Ms>(Clock::now() - t0);
-    require(took <= deadline + Ms(2000), "failed only after " + std::to_string(took.count()) + " ms: " + message);
-    require(contains(message, "world rank 2"), "the error does not name the dead peer: " + message);
+    const Failure f = failure_of(
+        [&] {
+          if (rank == 0) {
+            b.all_reduce(&x, &x, 1, DType::kF32, ReduceOp::kSum, deadline)->wait();
+          } else {
+            std::vector<float> out(3);
+            b.all_gather(&x, out.data(), 1, DType::kF32, deadline)->wait();  // an engine-coroutine op
+          }
+        },
+        "a collective with a dead peer succeeded");
+    require(!f.invalid, "a dead peer reported as bad input: " + f.message);
+    require(f.took <= deadline + Ms(2000), "failed only after " + std::to_string(f.took.count()) + " ms: " + f.message);
+    require(contains(f.message, "world rank 2"), "the error does not name the dead peer: " + f.message);
   });
-  for (size_t r = 0; r < results.size(); ++r) {
-    if (r == 2) {
-      EXPECT_TRUE(WIFSIGNALED(results[r].status)) << "the victim did not die";
-    } else {
-      EXPECT_TRUE(results[r].exited_ok()) << "rank " << r << ": " << results[r].output;
-    }
-  }
+  expect_victim_died(results, 2);
 }
 
 // A root that never waits for the others (a one-round broadcast) must not

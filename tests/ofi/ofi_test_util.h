@@ -22,6 +22,8 @@
 #include <thread>
 #include <vector>
 
+#include "torus/core/error.h"
+
 namespace torus::comm::ofi::test {
 
 // Throws std::runtime_error with `what` when `cond` is false (inside ranks).
@@ -110,6 +112,42 @@ inline void expect_all_ok(const std::vector<RankResult>& results, const std::set
     EXPECT_TRUE(results[r].exited_ok()) << "rank " << r << " (status " << results[r].status
                                         << "): " << results[r].output;
   }
+}
+
+// EXPECTs that `victim` died of a signal and every other rank exited with 0.
+inline void expect_victim_died(const std::vector<RankResult>& results, int victim) {
+  for (size_t r = 0; r < results.size(); ++r) {
+    if (static_cast<int>(r) == victim) {
+      EXPECT_TRUE(WIFSIGNALED(results[r].status)) << "the victim did not die";
+    } else {
+      EXPECT_TRUE(results[r].exited_ok()) << "rank " << r << ": " << results[r].output;
+    }
+  }
+}
+
+// How an op that must fail failed (inside ranks): `op` runs and must throw
+// CommError, TimeoutError or InvalidArgument; if it returns, `succeeded` is
+// thrown instead.
+struct Failure {
+  std::string message;
+  bool invalid = false;  // InvalidArgument
+  std::chrono::milliseconds took{0};
+};
+inline Failure failure_of(const std::function<void()>& op, const std::string& succeeded) {
+  Failure f;
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    op();
+    throw std::runtime_error(succeeded);
+  } catch (const InvalidArgument& e) {
+    f.message = e.what(), f.invalid = true;
+  } catch (const CommError& e) {
+    f.message = e.what();
+  } catch (const TimeoutError& e) {
+    f.message = e.what();
+  }
+  f.took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
+  return f;
 }
 
 }  // namespace torus::comm::ofi::test
