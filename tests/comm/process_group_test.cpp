@@ -173,19 +173,18 @@ TEST(ProcessGroup, DataMovementOpsOnMultiDimTensors) {
   EXPECT_EQ(empty.numel(), 0);
 }
 
-// On ofi with every rank on this host, torus::init installed the shared
-// host allocator (unless TORUS_SHARED_HOST_ALLOC=off): a tensor made the
-// ordinary way is shared host memory, and all_reduce, all_gather and
-// reduce_scatter on such tensors take the zero-copy path with the results
-// of the closed forms.
-TEST(ProcessGroup, LargeCpuTensorsTakeTheZeroCopyPathOnOfi) {
 #if TORUS_WITH_OFI
+// On ofi with every rank on this host, torus::init installed the shared
+// host allocator: a tensor made the ordinary way is shared host memory, and
+// all_reduce, all_gather and reduce_scatter on such tensors take the
+// zero-copy path with the results of the closed forms. Run by the
+// process_group_ofi_np* tests only (the others filter it out).
+TEST(ProcessGroupOnOfi, LargeCpuTensorsTakeTheZeroCopyPath) {
   auto& g = *world();
-  if (g.host_backend()->name() != "ofi" || g.size() < 2 || g.context()->hosts().num_hosts() != 1) {
-    GTEST_SKIP() << "needs the ofi backend and 2+ ranks on one host";
-  }
-  if (shared_host_alloc_policy_from_env() == SharedHostAllocPolicy::kOff) GTEST_SKIP() << "TORUS_SHARED_HOST_ALLOC=off";
-  ASSERT_TRUE(shared_host_allocator_installed());
+  ASSERT_EQ(g.host_backend()->name(), "ofi") << "run with TORUS_BACKEND=ofi";
+  ASSERT_GE(g.size(), 2);
+  ASSERT_EQ(g.context()->hosts().num_hosts(), 1);
+  ASSERT_TRUE(shared_host_allocator_installed()) << "torus::init did not install the shared host allocator";
   const int n = g.size(), me = g.rank();
   const int64_t count = 1 << 18;  // 1 MiB of f32
   const uint64_t before = ofi::host_zero_copy_ops();
@@ -206,10 +205,8 @@ TEST(ProcessGroup, LargeCpuTensorsTakeTheZeroCopyPathOnOfi) {
   g.reduce_scatter(all, part)->wait();
   EXPECT_TRUE(at::equal(part, at::full({count}, static_cast<float>(n * (me + 1))))) << "reduce_scatter";
   EXPECT_EQ(ofi::host_zero_copy_ops() - before, 3u) << "not every op took the zero-copy path";
-#else
-  GTEST_SKIP() << "built without ofi";
-#endif
 }
+#endif
 
 TEST(ProcessGroup, WorkCarriesItsDescription) {
   auto& g = *world();
