@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -70,6 +71,12 @@ struct Registry {
   uint64_t slabs_made = 0;
   uint64_t punches = 0;
 };
+
+// Every slab ever made lies in [g_pool_lo, g_pool_hi) (the range only
+// grows): frees of other memory, most of a program's CPU tensors, return at
+// once without the mutex.
+std::atomic<uintptr_t> g_pool_lo{UINTPTR_MAX};
+std::atomic<uintptr_t> g_pool_hi{0};
 
 void fork_prepare();
 void fork_parent();
@@ -386,6 +393,8 @@ void* shared_host_pool_alloc(size_t bytes) {
     ++r.slabs;
     ++r.slabs_made;
     r.slab_bytes += slab;
+    if (base < g_pool_lo.load(std::memory_order_relaxed)) g_pool_lo.store(base, std::memory_order_release);
+    if (base + slab > g_pool_hi.load(std::memory_order_relaxed)) g_pool_hi.store(base + slab, std::memory_order_release);
     fit = r.free_by_size.lower_bound({n, 0});
   }
   const uintptr_t a = fit->second;
@@ -405,6 +414,9 @@ void* shared_host_pool_alloc(size_t bytes) {
 bool shared_host_pool_free(void* p) noexcept {
   if (p == nullptr) return false;
   const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  // A block being freed was handed out after its slab's range was stored
+  // (under the mutex), so this thread sees that range.
+  if (a < g_pool_lo.load(std::memory_order_acquire) || a >= g_pool_hi.load(std::memory_order_acquire)) return false;
   Registry& r = registry();
   std::vector<Released> released;
   {
