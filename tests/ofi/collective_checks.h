@@ -134,10 +134,48 @@ inline void check_split(Backend& b) {
   b.barrier(kT)->wait();
 }
 
+// Half types are summed in f32 and rounded once (Note [Half sums across
+// hosts]): rank 0 gives 256 (bf16) or 2048 (f16), ranks 1 and 2 give 1, the
+// rest 0. The exact sums 258 and 2050 are representable; rounding a host's
+// partial 256 + 1 to 16 bits first loses the 1 (tie to even) and yields 256
+// or 2048. Small and large counts take the leader and the block paths.
+inline void check_half_rounding(Backend& b) {
+  const int n = b.size(), me = b.rank();
+  if (n < 3) return;
+  struct Case {
+    DType dtype;
+    float big;
+    uint16_t (*to)(float);
+    float (*from)(uint16_t);
+  };
+  const Case cases[] = {{DType::kBF16, 256.f, kernels::float_to_bf16, kernels::bf16_to_float},
+                        {DType::kF16, 2048.f, kernels::float_to_f16, kernels::f16_to_float}};
+  for (const Case& k : cases) {
+    const float mine = me == 0 ? k.big : me <= 2 ? 1.f : 0.f;
+    const double want = k.big + 2.0;
+    for (size_t count : {size_t{1}, size_t{9}, size_t{100003}}) {
+      const std::string c = " " + std::string(dtype_name(k.dtype)) + " count " + std::to_string(count);
+      std::vector<uint16_t> in(count, k.to(mine)), out(count, 0);
+      b.all_reduce(in.data(), out.data(), count, k.dtype, ReduceOp::kSum, kT)->wait();
+      std::vector<float> got(count);
+      for (size_t i = 0; i < count; ++i) got[i] = k.from(out[i]);
+      require_values(got, [&](size_t) { return want; }, "all_reduce rounded once" + c);
+      for (int root : {0, n - 1}) {
+        std::fill(out.begin(), out.end(), uint16_t{0});
+        b.reduce(in.data(), out.data(), count, k.dtype, ReduceOp::kSum, root, kT)->wait();
+        if (me != root) continue;
+        for (size_t i = 0; i < count; ++i) got[i] = k.from(out[i]);
+        require_values(got, [&](size_t) { return want; }, "reduce rounded once, root " + std::to_string(root) + c);
+      }
+    }
+  }
+}
+
 inline void check_everything(Backend& b, int) {
   for (size_t count : {size_t{1}, size_t{5}, size_t{3000}, size_t{200003}}) check_all_reduce(b, count);
   for (size_t count : {size_t{7}, size_t{70001}}) check_rooted(b, count);
   for (size_t count : {size_t{3}, size_t{40000}}) check_gather_scatter(b, count);
+  check_half_rounding(b);
   check_p2p_and_barrier(b);
   if (b.size() > 1) check_split(b);
 }

@@ -74,15 +74,21 @@ class FabricTest : public testing::TestWithParam<std::string> {
     auto results = run_ranks(2, [&](int rank) {
       int sock = sv[rank];
       Fabric f(o);
-      std::vector<uint8_t> mine = f.address(), theirs(mine.size());
+      // Length first: addresses of one provider may differ in length (shm's
+      // name the pid).
+      std::vector<uint8_t> mine = f.address();
+      uint32_t my_len = static_cast<uint32_t>(mine.size()), their_len = 0;
+      require(::write(sock, &my_len, sizeof(my_len)) == sizeof(my_len), "address length write");
       require(::write(sock, mine.data(), mine.size()) == static_cast<ssize_t>(mine.size()), "address write");
+      require(::read(sock, &their_len, sizeof(their_len)) == sizeof(their_len), "address length read");
+      std::vector<uint8_t> theirs(their_len);
       size_t got = 0;
       while (got < theirs.size()) {
         ssize_t k = ::read(sock, theirs.data() + got, theirs.size() - got);
         require(k > 0, "address read");
         got += static_cast<size_t>(k);
       }
-      fi_addr_t peer = f.insert_addresses(theirs, 1)[0];
+      fi_addr_t peer = f.insert_addresses({theirs})[0];
       fn(rank, f, peer);
       // Keep the endpoint until the peer is done with it too.
       char byte = 1;

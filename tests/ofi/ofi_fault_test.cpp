@@ -190,12 +190,7 @@ TEST(Lifetime, DestroyingTheWorldFailsPendingOps) {
     FabricOptions fo;
     fo.provider = "tcp";
     Fabric other(fo);
-    // pid, provider mark fd (-1: none), address (create_world_backend).
-    std::vector<uint8_t> blob(8 + other.address_length());
-    int32_t pid = ::getpid(), no_fd = -1;
-    std::memcpy(blob.data(), &pid, 4);
-    std::memcpy(blob.data() + 4, &no_fd, 4);
-    std::memcpy(blob.data() + 8, other.address().data(), other.address_length());
+    const std::vector<uint8_t> blob = endpoint_record(::getpid(), -1, other.provider(), other.address());
     BackendInit init;
     init.launch = &launch;
     init.hosts = &hosts;

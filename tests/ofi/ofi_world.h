@@ -27,6 +27,9 @@ struct JobSpec {
   OfiOptions options;
   std::chrono::milliseconds timeout{30000};
   std::chrono::milliseconds test_deadline{90000};
+  // Runs in the test process on a client of the job's store before the
+  // ranks start (e.g. to put the store in a state a test needs).
+  std::function<void(Store&)> before;
 };
 
 // The spec of n ranks on one host with `provider`; "tcp" stays on loopback.
@@ -49,6 +52,14 @@ inline std::vector<RankResult> run_job(const JobSpec& spec, const RankBody& body
   auto server = std::make_unique<TcpStoreServer>(so);
   const int port = server->port();
   const int n = static_cast<int>(spec.host_of.size());
+  if (spec.before) {
+    TcpStore::Options co;
+    co.host = "127.0.0.1";
+    co.port = port;
+    co.token = token;
+    TcpStore client(co);
+    spec.before(client);
+  }
   auto results = run_ranks(
       n,
       [&](int rank) {

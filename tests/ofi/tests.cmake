@@ -17,6 +17,8 @@ if(TORUS_WITH_OFI)
     ${CMAKE_CURRENT_LIST_DIR}/ofi_fault_test.cpp
     ${CMAKE_CURRENT_LIST_DIR}/ofi_inline_test.cpp
     ${CMAKE_CURRENT_LIST_DIR}/ofi_segment_test.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/ofi_split_test.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/ofi_size_check_test.cpp
     ${CMAKE_CURRENT_LIST_DIR}/ofi_zero_copy_test.cpp
     ${CMAKE_CURRENT_LIST_DIR}/liveness_test.cpp)
   target_link_libraries(torus_ofi_tests PRIVATE torus_test_main torus_base)
@@ -39,6 +41,11 @@ if(TORUS_WITH_OFI)
   set_tests_properties(ofi_netns_hosts_2x2 ofi_netns_hosts_3x1_shaped PROPERTIES
                        TIMEOUT 180 SKIP_RETURN_CODE 77 LABELS "multirank;ofi;netns" RUN_SERIAL TRUE
                        ENVIRONMENT "TORUS_LOG_LEVEL=warn")
+  # Two ranks whose pids have different numbers of digits (shm addresses of
+  # different lengths), in a private pid namespace as in a container.
+  add_test(NAME ofi_pid_digits
+           COMMAND ${CMAKE_CURRENT_LIST_DIR}/pid_digits_test.sh $<TARGET_FILE:torus_ofi_hosts_check>)
+  set_tests_properties(ofi_pid_digits PROPERTIES TIMEOUT 150 SKIP_RETURN_CODE 77 LABELS "multirank;ofi")
 
   if(TARGET torus_backend_tests AND TORUS_WITH_MPI)
     foreach(n 1 2 3 4)

@@ -108,11 +108,13 @@ class Fabric {
   uint64_t mr_mode() const { return mr_mode_; }
   size_t max_msg_size() const { return max_msg_size_; }
 
-  // This endpoint's address, and the length of every address of this
-  // provider. Peers' addresses are inserted packed back to back.
+  // This endpoint's address. Its length need not be the same on every
+  // process: shm's names the pid, so ranks whose pids have different
+  // numbers of digits (any container's pid namespace) publish addresses of
+  // different lengths. Each peer's address is therefore inserted on its own.
   const std::vector<uint8_t>& address() const { return address_; }
   size_t address_length() const { return address_.size(); }
-  std::vector<fi_addr_t> insert_addresses(const std::vector<uint8_t>& packed, size_t count);
+  std::vector<fi_addr_t> insert_addresses(const std::vector<std::vector<uint8_t>>& addresses);
 
   // Posting. Each returns 0 when posted, -FI_EAGAIN when the provider's
   // queues are full (poll() and retry), and throws CommError on any other

@@ -29,31 +29,19 @@ PeerView leaders_for_root(const Topology* t, int root) {
   return v;
 }
 
-}  // namespace
+// Note [Half sums across hosts]: a hierarchical sum, average or product of
+// f16/bf16 runs both of its phases in f32 and rounds once at the end, as
+// the backend contract says for half types (ofi_backend.h). Rounding each
+// host's partial result to 16 bits first would round twice: bf16 256 + 1 on
+// one host and 1 + 0 on the other gave 256 instead of 258. max and min are
+// exact in the half type.
+bool widened(DType dt, ReduceOp op) { return is_half(dt) && op != ReduceOp::kMax && op != ReduceOp::kMin; }
 
-int local_root(const Topology* t, int root) {
-  if (t->host_of[static_cast<size_t>(root)] != t->my_host) return 0;
-  const auto& mine = t->hosts[static_cast<size_t>(t->my_host)];
-  return static_cast<int>(std::find(mine.begin(), mine.end(), root) - mine.begin());
-}
-
-Task group_all_reduce(OpCtx& c, Topology* t, const void* in, void* out_v, size_t count, DType dt, ReduceOp op,
-                      uint64_t seq) {
-  const int64_t divisor = divisor_of(op, t->size);
+// The several-host all_reduce (ofi_group.h); dt is never widened here.
+Task hierarchical_all_reduce(OpCtx& c, Topology* t, const void* in, void* out_v, size_t count, DType dt,
+                             ReduceOp op, int64_t divisor, uint64_t seq) {
   const size_t e = dtype_size(dt), bytes = count * e;
   char* out = static_cast<char*>(out_v);
-  if (t->size == 1 || count == 0) {
-    copy_bytes(out, in, bytes);
-    co_return;
-  }
-  if (flat(t)) {
-    co_await algo::all_reduce(c, &t->full, in, out, count, dt, op, divisor, seq, t->tuning);
-    co_return;
-  }
-  if (local_only(t)) {
-    co_await host_all_reduce(c, &t->host, in, out, count, dt, op, divisor);
-    co_return;
-  }
   const int L = t->local_size, me = t->local_rank;
   if (t->uniform && bytes > t->tuning.rd_max_bytes && count >= static_cast<size_t>(L)) {
     // Reduce-scatter on the host, all_reduce of each block across hosts,
@@ -78,6 +66,63 @@ Task group_all_reduce(OpCtx& c, Topology* t, const void* in, void* out_v, size_t
   }
   if (me == 0) co_await algo::all_reduce(c, &t->leaders, out, out, count, dt, op, divisor, seq, t->tuning);
   if (L > 1) co_await host_broadcast(c, &t->host, out, bytes, 0);
+}
+
+}  // namespace
+
+int local_root(const Topology* t, int root) {
+  if (t->host_of[static_cast<size_t>(root)] != t->my_host) return 0;
+  const auto& mine = t->hosts[static_cast<size_t>(t->my_host)];
+  return static_cast<int>(std::find(mine.begin(), mine.end(), root) - mine.begin());
+}
+
+// The several-host reduce (ofi_group.h); dt is never widened here.
+static Task hierarchical_reduce(OpCtx& c, Topology* t, const void* in, void* out, size_t count, DType dt,
+                                ReduceOp op, int64_t divisor, int root, uint64_t seq) {
+  const size_t bytes = count * dtype_size(dt);
+  const int lroot = local_root(t, root);
+  PeerView leaders = leaders_for_root(t, root);
+  const bool leader = leaders.rank >= 0;
+  // The host's partial result: the root's own buffer, a scratch buffer on
+  // other leaders.
+  char* partial = t->rank == root ? static_cast<char*>(out) : leader ? c.scratch(bytes) : nullptr;
+  if (t->local_size > 1) {
+    co_await host_reduce(c, &t->host, in, partial, count, dt, op, 0, lroot);
+  } else {
+    copy_bytes(partial, in, bytes);
+  }
+  if (leader) {
+    co_await algo::reduce(c, &leaders, partial, partial, count, dt, op, divisor,
+                          t->host_of[static_cast<size_t>(root)], seq, t->tuning);
+  }
+}
+
+Task group_all_reduce(OpCtx& c, Topology* t, const void* in, void* out_v, size_t count, DType dt, ReduceOp op,
+                      uint64_t seq) {
+  const int64_t divisor = divisor_of(op, t->size);
+  const size_t e = dtype_size(dt), bytes = count * e;
+  char* out = static_cast<char*>(out_v);
+  if (t->size == 1 || count == 0) {
+    copy_bytes(out, in, bytes);
+    co_return;
+  }
+  if (flat(t)) {
+    co_await algo::all_reduce(c, &t->full, in, out, count, dt, op, divisor, seq, t->tuning);
+    co_return;
+  }
+  if (local_only(t)) {
+    co_await host_all_reduce(c, &t->host, in, out, count, dt, op, divisor);
+    co_return;
+  }
+  if (widened(dt, op)) {
+    // Note [Half sums across hosts]: both phases run in f32, rounded once.
+    char* w = c.scratch(count * sizeof(float));
+    kernels::half_to_f32(in, reinterpret_cast<float*>(w), count, dt);
+    co_await hierarchical_all_reduce(c, t, w, w, count, DType::kF32, op, divisor, seq);
+    kernels::f32_to_half(reinterpret_cast<const float*>(w), out, count, dt);
+    co_return;
+  }
+  co_await hierarchical_all_reduce(c, t, in, out, count, dt, op, divisor, seq);
 }
 
 Task group_reduce_scatter(OpCtx& c, Topology* t, const void* in, void* out, size_t count, DType dt, ReduceOp op,
@@ -137,20 +182,17 @@ Task group_reduce(OpCtx& c, Topology* t, const void* in, void* out, size_t count
     co_await host_reduce(c, &t->host, in, out, count, dt, op, divisor, lroot);
     co_return;
   }
-  PeerView leaders = leaders_for_root(t, root);
-  const bool leader = leaders.rank >= 0;
-  // The host's partial result: the root's own buffer, a scratch buffer on
-  // other leaders.
-  char* partial = t->rank == root ? static_cast<char*>(out) : leader ? c.scratch(bytes) : nullptr;
-  if (t->local_size > 1) {
-    co_await host_reduce(c, &t->host, in, partial, count, dt, op, 0, lroot);
-  } else {
-    copy_bytes(partial, in, bytes);
+  if (widened(dt, op)) {
+    // Note [Half sums across hosts]: both phases run in f32, rounded once
+    // on the root.
+    char* w = c.scratch(count * sizeof(float));
+    kernels::half_to_f32(in, reinterpret_cast<float*>(w), count, dt);
+    char* res = t->rank == root ? c.scratch(count * sizeof(float)) : nullptr;
+    co_await hierarchical_reduce(c, t, w, res, count, DType::kF32, op, divisor, root, seq);
+    if (res != nullptr) kernels::f32_to_half(reinterpret_cast<const float*>(res), out, count, dt);
+    co_return;
   }
-  if (leader) {
-    co_await algo::reduce(c, &leaders, partial, partial, count, dt, op, divisor,
-                          t->host_of[static_cast<size_t>(root)], seq, t->tuning);
-  }
+  co_await hierarchical_reduce(c, t, in, out, count, dt, op, divisor, root, seq);
 }
 
 Task group_all_to_all(OpCtx& c, Topology* t, const void* in, void* out, std::vector<size_t> send_counts,

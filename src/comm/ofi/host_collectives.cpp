@@ -71,6 +71,79 @@ void check_health(OpCtx& c, HostGroup* h, unsigned& spins) {
   }
 }
 
+// Ops that count bytes, not elements of a dtype, sign with this "dtype".
+constexpr DType kBytes = static_cast<DType>(0xf);
+
+// Note [Op signatures] (host_segment.h). What an op is, in one word: op
+// type (4 bits), dtype (4), reduce op (4), root + 1 (16) and element count
+// (36; larger counts saturate, and differ elsewhere too).
+uint64_t op_signature(OpType type, DType t, ReduceOp op, int root, uint64_t count) {
+  constexpr uint64_t kCountMask = (uint64_t{1} << 36) - 1;
+  return (static_cast<uint64_t>(type) & 0xf) << 60 | (static_cast<uint64_t>(t) & 0xf) << 56 |
+         (static_cast<uint64_t>(op) & 0xf) << 52 | (static_cast<uint64_t>(root + 1) & 0xffff) << 36 |
+         std::min(count, kCountMask);
+}
+
+std::string describe_signature(uint64_t sig) {
+  const auto type = static_cast<OpType>(sig >> 60);
+  const auto t = static_cast<DType>((sig >> 56) & 0xf);
+  const auto op = static_cast<ReduceOp>((sig >> 52) & 0xf);
+  const int root = static_cast<int>((sig >> 36) & 0xffff) - 1;
+  const uint64_t count = sig & ((uint64_t{1} << 36) - 1);
+  std::string s = t == kBytes ? fmt::format("{} of {} bytes", op_type_name(type), count)
+                              : fmt::format("{} of {} {} elements", op_type_name(type), count, dtype_name(t));
+  if (type == OpType::kAllReduce || type == OpType::kReduce || type == OpType::kReduceScatter) {
+    s += fmt::format(" ({})", reduce_op_name(op));
+  }
+  if (root >= 0) s += fmt::format(" rooted at local rank {}", root);
+  return s;
+}
+
+// Publishes this rank's signature of the op that starts with the next round.
+void begin_op(HostGroup* h, uint64_t sig) {
+  h->op_round = h->round + 1;
+  h->op_sig = sig;
+  auto& e = h->seg->control(h->local_rank()).sigs.ring[h->op_round % SegmentOpSigs::kRing];
+  e.round.store(0);
+  e.what.store(sig);
+  e.round.store(h->op_round);
+}
+
+// Whether local rank q's signature of the current op does not contradict
+// this rank's: false only once q has published a different one. After q's
+// entry was seen to match, it is not read again for this op. An entry that
+// q has already reused for a later op is taken as a match: the ranks
+// agreed up to there, and q's own check covers this op. Ranks that
+// disagree on sizes may also disagree on the protocol (a mailbox round
+// against staging slots) and wait on signals the other never gives, so
+// waits look at the entries of the peers they wait for, too.
+bool signature_agrees(HostGroup* h, int q) {
+  if (h->op_round == 0) return true;
+  if (h->sig_checked.size() != static_cast<size_t>(h->local_size())) {
+    h->sig_checked.assign(static_cast<size_t>(h->local_size()), 0);
+  }
+  uint64_t& checked = h->sig_checked[static_cast<size_t>(q)];
+  if (checked == h->op_round) return true;
+  const auto& e = h->seg->control(q).sigs.ring[h->op_round % SegmentOpSigs::kRing];
+  const uint64_t before = e.round.load();
+  if (before < h->op_round) return true;  // not published yet (or being rewritten)
+  const uint64_t theirs = e.what.load();
+  if (before == h->op_round && e.round.load() == before && theirs != h->op_sig) return false;
+  checked = h->op_round;
+  return true;
+}
+
+// As signature_agrees(), throwing InvalidArgument that names both calls.
+void check_signature(const OpCtx& c, HostGroup* h, int q) {
+  if (signature_agrees(h, q)) return;
+  const uint64_t theirs = h->seg->control(q).sigs.ring[h->op_round % SegmentOpSigs::kRing].what.load();
+  throw InvalidArgument(fmt::format(
+      "{} failed: the ranks disagree on this collective: world rank {} called {}, this rank (world rank {}) "
+      "called {}; every rank of the group must pass the same sizes",
+      c.info().describe(), h->seg->control(q).world_rank, describe_signature(theirs),
+      h->seg->control(h->local_rank()).world_rank, describe_signature(h->op_sig)));
+}
+
 // Suspends until counter k of every other local rank (or of `only`) reaches
 // `target`. Values already seen satisfy it without touching the peer's line.
 auto wait_for(OpCtx& c, HostGroup* h, Counter k, uint64_t target, int only = -1) {
@@ -83,6 +156,7 @@ auto wait_for(OpCtx& c, HostGroup* h, Counter k, uint64_t target, int only = -1)
       uint64_t& v = seen[static_cast<size_t>(q)];
       if (v < target) v = counter(s, q, k).load(std::memory_order_acquire);
       ok = v >= target;
+      if (!ok || v >= h->op_round) check_signature(c, h, q);
     }
     if (!ok) check_health(c, h, spins);
     return ok;
@@ -120,8 +194,14 @@ auto wait_mailboxes(OpCtx& c, HostGroup* h, uint64_t round, int only = -1) {
     for (int q = 0; q < s.local_size(); ++q) {
       if (q == s.local_rank() || (only >= 0 && q != only)) continue;
       if (s.mailbox(q, round).round.load(std::memory_order_acquire) < round) {
+        check_signature(c, h, q);
         check_health(c, h, spins);
         return false;
+      }
+    }
+    if (round >= h->op_round) {
+      for (int q = 0; q < s.local_size(); ++q) {
+        if (q != s.local_rank() && (only < 0 || q == only)) check_signature(c, h, q);
       }
     }
     return true;
@@ -536,6 +616,7 @@ InlineOutcome host_all_reduce_inline(HostGroup* h, const void* in, void* out, si
   const bool mailbox = bytes <= SegmentMailbox::kBytes;
   const uint64_t r = h->round + 1;
   if (!spin_until(h, spin, [&] { return one_round_free(h, r, mailbox); })) return InlineOutcome::kNotStarted;
+  begin_op(h, op_signature(OpType::kAllReduce, t, op, -1, count));
   h->round = r;
   publish_one_round(h, r, in, bytes, mailbox);
   std::vector<uint64_t>& copied = h->seen[static_cast<int>(Counter::kCopied)];
@@ -553,6 +634,10 @@ InlineOutcome host_all_reduce_inline(HostGroup* h, const void* in, void* out, si
     return true;
   };
   if (!spin_until(h, spin, all_in)) return InlineOutcome::kPublished;
+  // A disagreeing peer: the engine's finish names it (check_signature).
+  for (int q = 0; q < L; ++q) {
+    if (q != me && !signature_agrees(h, q)) return InlineOutcome::kPublished;
+  }
   note_all_consumed(h, r);
   if (mailbox) {
     combine_mailboxes(h, r, in, out, count, t, op, divisor);
@@ -575,13 +660,16 @@ InlineOutcome host_broadcast_inline(HostGroup* h, void* buf, size_t bytes, int r
   }
   if (s.is_aborted()) return InlineOutcome::kNotStarted;
   const uint64_t r = h->round + 1;
+  const uint64_t sig = op_signature(OpType::kBroadcast, kBytes, ReduceOp::kSum, root, bytes);
   if (me == root) {
     if (!spin_until(h, spin, [&] { return one_round_free(h, r, mailbox); })) return InlineOutcome::kNotStarted;
+    begin_op(h, sig);
     h->round = r;
     publish_one_round(h, r, buf, bytes, mailbox);
     signal(h, Counter::kConsumed, r);
     return InlineOutcome::kDone;
   }
+  begin_op(h, sig);
   h->round = r;
   uint64_t& seen = h->seen[static_cast<int>(Counter::kCopied)][static_cast<size_t>(root)];
   auto arrived = [&] {
@@ -589,7 +677,7 @@ InlineOutcome host_broadcast_inline(HostGroup* h, void* buf, size_t bytes, int r
     if (seen < r) seen = counter(s, root, Counter::kCopied).load(std::memory_order_acquire);
     return seen >= r;
   };
-  if (!spin_until(h, spin, arrived)) return InlineOutcome::kPublished;
+  if (!spin_until(h, spin, arrived) || !signature_agrees(h, root)) return InlineOutcome::kPublished;
   if (mailbox) {
     note_consumed(h, root, r);
     std::memcpy(buf, s.mailbox(root, r).data, bytes);
@@ -700,6 +788,7 @@ Task host_pass(OpCtx& c, HostGroup* h, HostPass a) {
 
 Task host_all_reduce(OpCtx& c, HostGroup* h, const void* in_v, void* out_v, size_t count, DType t, ReduceOp op,
                      int64_t divisor) {
+  begin_op(h, op_signature(OpType::kAllReduce, t, op, -1, count));
   const HostSegment& s = *h->seg;
   const int L = s.local_size(), me = s.local_rank();
   const size_t e = dtype_size(t), bytes = count * e;
@@ -752,6 +841,7 @@ Task host_all_reduce(OpCtx& c, HostGroup* h, const void* in_v, void* out_v, size
 
 Task host_reduce_scatter_blocks(OpCtx& c, HostGroup* h, const void* in, void* out_v, std::vector<size_t> len,
                                 std::vector<size_t> off, DType t, ReduceOp op) {
+  begin_op(h, op_signature(OpType::kReduceScatter, t, op, -1, off.back() + len.back()));
   const size_t me = static_cast<size_t>(h->local_rank()), e = dtype_size(t);
   const size_t bytes = (off.back() + len.back()) * e;
   char* out = static_cast<char*>(out_v);
@@ -778,6 +868,7 @@ Task host_reduce_scatter_blocks(OpCtx& c, HostGroup* h, const void* in, void* ou
 
 Task host_all_gather_blocks(OpCtx& c, HostGroup* h, void* out_v, std::vector<size_t> len, std::vector<size_t> off,
                             DType t) {
+  begin_op(h, op_signature(OpType::kAllGather, t, ReduceOp::kSum, -1, off.back() + len.back()));
   const size_t me = static_cast<size_t>(h->local_rank()), e = dtype_size(t);
   const size_t bytes = (off.back() + len.back()) * e;
   char* out = static_cast<char*>(out_v);
@@ -806,6 +897,7 @@ Task host_all_gather_blocks(OpCtx& c, HostGroup* h, void* out_v, std::vector<siz
 
 Task host_reduce_scatter(OpCtx& c, HostGroup* h, const void* in, void* out, size_t count, DType t, ReduceOp op,
                          int64_t divisor) {
+  begin_op(h, op_signature(OpType::kReduceScatter, t, op, -1, count));
   const size_t L = static_cast<size_t>(h->local_size());
   if (const size_t block = count * dtype_size(t); L * block <= SegmentMailbox::kBytes && count > 0) {
     // One mailbox round: every rank publishes its whole input and reduces
@@ -856,6 +948,7 @@ Task host_reduce_scatter(OpCtx& c, HostGroup* h, const void* in, void* out, size
 }
 
 Task host_all_gather(OpCtx& c, HostGroup* h, const void* in, void* out, size_t count, size_t elt) {
+  begin_op(h, op_signature(OpType::kAllGather, kBytes, ReduceOp::kSum, -1, count * elt));
   const size_t L = static_cast<size_t>(h->local_size());
   if (const size_t block = count * elt; block <= SegmentMailbox::kBytes && count > 0) {
     // One mailbox round; this rank's own block comes from its input.
@@ -922,6 +1015,7 @@ Task host_all_gather(OpCtx& c, HostGroup* h, const void* in, void* out, size_t c
 
 Task host_reduce(OpCtx& c, HostGroup* h, const void* in, void* out, size_t count, DType t, ReduceOp op,
                  int64_t divisor, int root) {
+  begin_op(h, op_signature(OpType::kReduce, t, op, root, count));
   const size_t e = dtype_size(t);
   if (count * e <= SegmentMailbox::kBytes && count > 0) {
     // One mailbox round; only the root waits (the others may run ahead:
@@ -971,6 +1065,7 @@ Task host_reduce(OpCtx& c, HostGroup* h, const void* in, void* out, size_t count
 }
 
 Task host_broadcast(OpCtx& c, HostGroup* h, void* buf_v, size_t bytes, int root) {
+  begin_op(h, op_signature(OpType::kBroadcast, kBytes, ReduceOp::kSum, root, bytes));
   const HostSegment& s = *h->seg;
   const int me = s.local_rank();
   char* buf = static_cast<char*>(buf_v);
@@ -1019,6 +1114,7 @@ Task host_broadcast(OpCtx& c, HostGroup* h, void* buf_v, size_t bytes, int root)
 
 Task host_all_to_all(OpCtx& c, HostGroup* h, const void* in_v, void* out_v, std::vector<size_t> send_counts,
                      std::vector<size_t> recv_counts, size_t elt) {
+  begin_op(h, op_signature(OpType::kAllToAll, kBytes, ReduceOp::kSum, -1, elt));
   const HostSegment& s = *h->seg;
   const int L = s.local_size(), me = s.local_rank();
   const size_t stripe = s.stripe_bytes(), um = static_cast<size_t>(me);
@@ -1151,6 +1247,7 @@ Task host_all_to_all(OpCtx& c, HostGroup* h, const void* in_v, void* out_v, std:
 }
 
 Task host_barrier(OpCtx& c, HostGroup* h) {
+  begin_op(h, op_signature(OpType::kBarrier, kBytes, ReduceOp::kSum, -1, 0));
   const uint64_t r = ++h->round;
   signal(h, Counter::kCopied, r);
   co_await wait_for(c, h, Counter::kCopied, r);

@@ -76,6 +76,11 @@ struct HostGroup {
   std::vector<float> acc;              // scratch: f32 accumulator of an inline half combine
   std::vector<char> gathered;          // scratch: every rank's mailbox data of one exchange
   Clock::time_point next_liveness_check{};
+  // Note [Op signatures] (host_segment.h): the current host op's first
+  // round and signature, and per peer the op whose signature was checked.
+  uint64_t op_round = 0;
+  uint64_t op_sig = 0;
+  std::vector<uint64_t> sig_checked;
   int local_rank() const { return seg->local_rank(); }
   int local_size() const { return seg->local_size(); }
 };

@@ -54,12 +54,30 @@ struct alignas(64) SegmentMailbox {
   char data[kBytes];
 };
 
+// Note [Op signatures]: at the start of each host op a rank publishes what
+// it was asked to do — op, dtype, reduce op, root and element count — in a
+// ring indexed by the op's first round. A peer that sees this rank reach
+// that round compares the entry with its own op and fails at once when
+// they differ (a rank that passes 5 elements where the others pass 4 would
+// otherwise get a silent wrong result). `round` is cleared while `what` is
+// rewritten, so a reader that sees the same round before and after reading
+// `what` read a whole entry.
+struct alignas(64) SegmentOpSigs {
+  static constexpr uint64_t kRing = 4;
+  struct Entry {
+    std::atomic<uint64_t> round{0};
+    std::atomic<uint64_t> what{0};
+  };
+  Entry ring[kRing];
+};
+
 struct SegmentControl {
   SegmentCounter copied;
   SegmentCounter reduced;
   SegmentCounter consumed;
   static constexpr uint64_t kMailboxes = 8;
   SegmentMailbox mailbox[kMailboxes];  // by round, round % kMailboxes
+  SegmentOpSigs sigs;                  // Note [Op signatures]
   alignas(64) int32_t pid = 0;
   int32_t world_rank = -1;
 };

@@ -22,14 +22,15 @@ namespace {
 
 class OfiBackend final : public Backend {
  public:
-  OfiBackend(std::shared_ptr<World> world, GroupInfo info, uint32_t context)
+  OfiBackend(std::shared_ptr<World> world, GroupInfo info, uint32_t context, uint64_t instance)
       : world_(std::move(world)),
         info_(std::move(info)),
         context_(context),
+        instance_(instance),
         inline_spin_(std::chrono::microseconds(world_->options.inline_spin_us)) {
     TORUS_CHECK(info_.size <= kMaxGroupSize, Unsupported, "ofi: group '{}' has {} ranks; at most {} are supported",
                 info_.name, info_.size, kMaxGroupSize);
-    topo_ = make_topology(*world_, context_, info_.global_ranks, info_.rank);
+    topo_ = make_topology(*world_, context_, instance_, info_.global_ranks, info_.rank);
     state_ = std::make_shared<GroupState>();
     state_->context = context_;
     state_->name = info_.name;
@@ -49,7 +50,15 @@ class OfiBackend final : public Backend {
     }
   }
 
-  ~OfiBackend() override { world_->engine->remove_group(state_.get()); }
+  ~OfiBackend() override {
+    world_->engine->remove_group(state_.get());
+    // Note [Recycled contexts] (ofi_group.h). The world's context 0 is never
+    // released; a broken group's may still have traffic in flight.
+    if (context_ != 0 && !state_->broken()) {
+      std::lock_guard<std::mutex> lock(world_->released_mu);
+      world_->released.push_back({context_, instance_, info_.size});
+    }
+  }
 
   std::string_view name() const override { return "ofi"; }
   DeviceType device_type() const override { return DeviceType::kCPU; }
@@ -304,6 +313,7 @@ class OfiBackend final : public Backend {
   std::shared_ptr<World> world_;
   GroupInfo info_;
   uint32_t context_;
+  uint64_t instance_;  // unique to this group over the world's life (0: the world)
   std::shared_ptr<Topology> topo_;
   std::shared_ptr<GroupState> state_;
   std::mutex issue_mu_;
@@ -344,6 +354,51 @@ std::vector<int64_t> decode_ints(const std::string& s) {
   return out;
 }
 
+// Note [Recycled contexts]: counts the groups this process destroyed since
+// its last split; the member that completes a group's count frees its context.
+void flush_released(World& w) {
+  std::vector<World::Released> mine;
+  {
+    std::lock_guard<std::mutex> lock(w.released_mu);
+    mine.swap(w.released);
+  }
+  Store& store = *w.store;
+  for (const auto& r : mine) {
+    if (store.add(fmt::format("released/{}", r.instance), 1) != r.size) continue;
+    int64_t slot = store.add("free/tail", 1);
+    store.set_string(fmt::format("free/{}", slot), std::to_string(r.context));
+    store.remove(fmt::format("released/{}", r.instance));
+  }
+}
+
+// A context for a new group: one from the free list, else a fresh one. Each
+// free slot is claimed by exactly one rank (the first to count its claim).
+// Throws CommError when all are in use.
+uint32_t claim_context(World& w, Duration timeout) {
+  Store& store = *w.store;
+  const int64_t tail = store.add("free/tail", 0);
+  for (;;) {
+    int64_t slot;
+    {
+      std::lock_guard<std::mutex> lock(w.released_mu);
+      if (static_cast<int64_t>(w.free_scanned) >= tail) break;
+      slot = static_cast<int64_t>(++w.free_scanned);
+    }
+    if (store.add(fmt::format("free/{}/claim", slot), 1) != 1) continue;
+    // The releaser counted the slot before it wrote it: it is on its way.
+    const std::string key = fmt::format("free/{}", slot);
+    uint32_t context = static_cast<uint32_t>(std::stoul(store.get_string(key, timeout)));
+    store.remove(key);  // its claim stays: a rank that has not tried this slot yet must lose it
+    return context;
+  }
+  int64_t id = store.add("contexts", 1);
+  TORUS_CHECK(id > 0 && id < static_cast<int64_t>(kMaxContexts), CommError,
+              "out of tag contexts: all {} are held by groups that are alive, or that some member has not "
+              "destroyed cleanly yet; destroy groups that are no longer needed",
+              kMaxContexts - 1);
+  return static_cast<uint32_t>(id);
+}
+
 std::shared_ptr<Backend> OfiBackend::split(int color, int key, const std::string& name, Duration timeout) {
   TORUS_CHECK(timeout.count() > 0, InvalidArgument, "ofi split: timeout must be > 0");
   int index;
@@ -352,7 +407,8 @@ std::shared_ptr<Backend> OfiBackend::split(int color, int key, const std::string
     index = splits_++;
   }
   Store& store = *world_->store;
-  const std::string prefix = fmt::format("split/{}/{}", context_, index);
+  flush_released(*world_);
+  const std::string prefix = fmt::format("split/{}/{}", instance_, index);
   store.set_string(fmt::format("{}/{}", prefix, rank()), encode_ints({color, key}));
   if (color < 0) return nullptr;
   std::vector<std::pair<int64_t, int>> members;  // (key, parent rank)
@@ -369,24 +425,33 @@ std::shared_ptr<Backend> OfiBackend::split(int color, int key, const std::string
     if (members[i].second == rank()) gi.rank = static_cast<int>(i);
     gi.global_ranks.push_back(info_.global_ranks[static_cast<size_t>(members[i].second)]);
   }
+  // The first member picks the context and publishes it, or the reason it
+  // could not, so that every member fails at once with the same reason.
   const std::string ctx_key = fmt::format("{}/color{}/context", prefix, color);
-  uint32_t context;
+  std::string published;
   if (gi.rank == 0) {
-    int64_t id = store.add("contexts", 1);
-    TORUS_CHECK(id > 0 && id < static_cast<int64_t>(kMaxContexts), CommError,
-                "ofi split: out of tag contexts ({} groups made, at most {})", id, kMaxContexts - 1);
-    context = static_cast<uint32_t>(id);
-    store.set_string(ctx_key, std::to_string(context));
+    try {
+      uint32_t context = claim_context(*world_, timeout);
+      published = encode_ints({context, store.add("instances", 1)});
+    } catch (const Error& e) {
+      published = std::string("error: ") + e.what();
+    }
+    store.set_string(ctx_key, published);
   } else {
-    context = static_cast<uint32_t>(std::stoul(store.get_string(ctx_key, timeout)));
+    published = store.get_string(ctx_key, timeout);
   }
-  return std::make_shared<OfiBackend>(world_, std::move(gi), context);
+  TORUS_CHECK(published.rfind("error: ", 0) != 0, CommError, "ofi split of group '{}' into '{}' (color {}): {}",
+              info_.name, name, color, published.substr(7));
+  auto ids = decode_ints(published);
+  TORUS_CHECK(ids.size() == 2, CommError, "ofi split: malformed context record '{}'", published);
+  return std::make_shared<OfiBackend>(world_, std::move(gi), static_cast<uint32_t>(ids[0]),
+                                      static_cast<uint64_t>(ids[1]));
 }
 
 }  // namespace
 
-std::shared_ptr<Topology> make_topology(const World& w, uint32_t context, const std::vector<int>& members,
-                                        int my_rank) {
+std::shared_ptr<Topology> make_topology(const World& w, uint32_t context, uint64_t instance,
+                                        const std::vector<int>& members, int my_rank) {
   auto t = std::make_shared<Topology>();
   const int n = static_cast<int>(members.size());
   t->rank = my_rank;
@@ -444,8 +509,8 @@ std::shared_ptr<Topology> make_topology(const World& w, uint32_t context, const 
   if (t->segment_on && t->local_size >= 2) {
     HostSegment::Config cfg;
     int hid = host_ids[static_cast<size_t>(t->my_host)];
-    cfg.name = fmt::format("/torus-ofi-{}-c{}-h{}", w.nonce, context, hid);
-    cfg.store_key = fmt::format("segment/{}/{}", context, hid);
+    cfg.name = fmt::format("/torus-ofi-{}-g{}-h{}", w.nonce, instance, hid);
+    cfg.store_key = fmt::format("segment/{}/{}", instance, hid);
     cfg.local_rank = t->local_rank;
     cfg.local_size = t->local_size;
     cfg.world_rank = w.rank;
@@ -461,8 +526,20 @@ std::shared_ptr<Topology> make_topology(const World& w, uint32_t context, const 
     t->host.eager_bytes = w.options.shm_eager_bytes;
     t->host.zero_copy_bytes = w.options.shm_zero_copy_bytes;
     for (auto& seen : t->host.seen) seen.assign(static_cast<size_t>(t->local_size), 0);
+    t->host.sig_checked.assign(static_cast<size_t>(t->local_size), 0);
   }
   return t;
+}
+
+std::vector<uint8_t> endpoint_record(int32_t pid, int32_t mark_fd, const std::string& provider,
+                                     const std::vector<uint8_t>& address) {
+  const int32_t header[4] = {pid, mark_fd, static_cast<int32_t>(provider.size()),
+                             static_cast<int32_t>(address.size())};
+  std::vector<uint8_t> blob(sizeof(header) + provider.size() + address.size());
+  std::memcpy(blob.data(), header, sizeof(header));
+  std::memcpy(blob.data() + sizeof(header), provider.data(), provider.size());
+  std::memcpy(blob.data() + sizeof(header) + provider.size(), address.data(), address.size());
+  return blob;
 }
 
 BackendPtr create_world_backend(const BackendInit& init, const OfiOptions& given) {
@@ -506,37 +583,40 @@ BackendPtr create_world_backend(const BackendInit& init, const OfiOptions& given
     store.set_string("nonce", fmt::format("{:08x}{:08x}{:08x}", rd(), rd(), ::getpid()));
   }
   // What a rank publishes: its pid and the fd of its provider mark (same-
-  // host liveness, liveness.h; -1 without one), then its endpoint address.
-  constexpr size_t kHeader = 2 * sizeof(int32_t);
+  // host liveness, liveness.h; -1 without one), the lengths of its
+  // provider's name and of its endpoint address, then both. Address
+  // lengths may differ between ranks of one provider (fabric.h).
+  constexpr size_t kHeader = 4 * sizeof(int32_t);
   std::unique_ptr<ProviderMark> mark;
   if (guards_local_peers(fabric->provider())) mark = std::make_unique<ProviderMark>();
-  std::vector<uint8_t> blob(kHeader + fabric->address_length());
-  int32_t pid = ::getpid(), mark_fd = mark ? mark->shared_fd() : -1;
-  std::memcpy(blob.data(), &pid, sizeof(pid));
-  std::memcpy(blob.data() + sizeof(pid), &mark_fd, sizeof(mark_fd));
-  std::memcpy(blob.data() + kHeader, fabric->address().data(), fabric->address_length());
+  const std::string& my_provider = fabric->provider();
+  const std::vector<uint8_t> blob =
+      endpoint_record(static_cast<int32_t>(::getpid()), mark ? mark->shared_fd() : -1, my_provider, fabric->address());
   store.set(fmt::format("addr/{}", rank), blob);
   world->nonce = store.get_string("nonce", world->timeout);
 
-  std::vector<uint8_t> packed;
+  std::vector<std::vector<uint8_t>> addresses(static_cast<size_t>(size));
   std::vector<pid_t> local_pids(static_cast<size_t>(size), 0);
   std::vector<int> mark_fds(static_cast<size_t>(size), -1);
   for (int r = 0; r < size; ++r) {
     std::vector<uint8_t> b = store.get(fmt::format("addr/{}", r), world->timeout);
-    TORUS_CHECK(b.size() == blob.size(), CommError,
-                "ofi: rank {} published a {}-byte address, this rank's is {} bytes: ranks use different providers "
-                "(set FI_PROVIDER or TORUS_OFI_PROVIDER the same on every rank)",
-                r, b.size() - std::min(b.size(), kHeader), fabric->address_length());
-    int32_t p, fd;
-    std::memcpy(&p, b.data(), sizeof(p));
-    std::memcpy(&fd, b.data() + sizeof(p), sizeof(fd));
+    int32_t h[4] = {0, -1, -1, -1};
+    if (b.size() >= kHeader) std::memcpy(h, b.data(), kHeader);
+    TORUS_CHECK(b.size() >= kHeader && h[2] >= 0 && h[3] > 0 &&
+                    b.size() == kHeader + static_cast<size_t>(h[2]) + static_cast<size_t>(h[3]),
+                CommError, "ofi: rank {} published a malformed endpoint record ({} bytes)", r, b.size());
+    const std::string theirs(reinterpret_cast<const char*>(b.data() + kHeader), static_cast<size_t>(h[2]));
+    TORUS_CHECK(theirs == my_provider, CommError,
+                "ofi: rank {} uses the libfabric provider '{}', this rank uses '{}': set FI_PROVIDER or "
+                "TORUS_OFI_PROVIDER the same on every rank",
+                r, theirs, my_provider);
     if (hosts.host_of_rank[static_cast<size_t>(r)] == hosts.host_of_rank[static_cast<size_t>(rank)]) {
-      local_pids[static_cast<size_t>(r)] = p;
-      mark_fds[static_cast<size_t>(r)] = fd;
+      local_pids[static_cast<size_t>(r)] = h[0];
+      mark_fds[static_cast<size_t>(r)] = h[1];
     }
-    packed.insert(packed.end(), b.begin() + static_cast<long>(kHeader), b.end());
+    addresses[static_cast<size_t>(r)].assign(b.begin() + static_cast<long>(kHeader) + h[2], b.end());
   }
-  world->addr = fabric->insert_addresses(packed, static_cast<size_t>(size));
+  world->addr = fabric->insert_addresses(addresses);
   const int local_ranks = static_cast<int>(std::count(hosts.host_of_rank.begin(), hosts.host_of_rank.end(),
                                                       hosts.host_of_rank[static_cast<size_t>(rank)]));
   const int cpus = usable_cpus();
@@ -555,7 +635,7 @@ BackendPtr create_world_backend(const BackendInit& init, const OfiOptions& given
   gi.rank = rank;
   gi.size = size;
   for (int r = 0; r < size; ++r) gi.global_ranks.push_back(r);
-  return std::make_shared<OfiBackend>(world, std::move(gi), 0);
+  return std::make_shared<OfiBackend>(world, std::move(gi), 0, 0);
 }
 
 }  // namespace torus::comm::ofi

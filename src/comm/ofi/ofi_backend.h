@@ -28,6 +28,10 @@
 //    when the last backend of the world goes and the engine stops).
 #pragma once
 
+#include <cstdint>
+#include <string>
+#include <vector>
+
 #include "comm/ofi/ofi_options.h"
 #include "torus/comm/backend.h"
 #include "torus/comm/context.h"
@@ -45,6 +49,13 @@ BackendPtr create_ofi_world_backend(const BackendInit& init);
 namespace ofi {
 // As above with explicit options (tests, tools).
 BackendPtr create_world_backend(const BackendInit& init, const OfiOptions& options);
+
+// The record each rank publishes in the store (`addr/<rank>`) at world
+// creation: its pid and the fd of its provider mark (-1: none), for
+// same-host liveness; its provider's name; its endpoint address, whose
+// length may differ from rank to rank (fabric.h).
+std::vector<uint8_t> endpoint_record(int32_t pid, int32_t mark_fd, const std::string& provider,
+                                     const std::vector<uint8_t>& address);
 }  // namespace ofi
 
 }  // namespace torus::comm

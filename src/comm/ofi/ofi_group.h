@@ -18,6 +18,7 @@
 #pragma once
 
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -42,6 +43,23 @@ struct World {
   std::string nonce;            // unique to this world: names its shm objects
   std::chrono::milliseconds timeout{0};
   bool oversubscribed = false;  // this host runs more ranks than it has cores (OfiOptions::oversubscribed)
+
+  // Note [Recycled contexts]: a split group's tag context (tags.h) goes back
+  // to the world once every member destroyed the group cleanly (no failed
+  // op, never aborted). A destroyed group is only noted here; the next
+  // split of this process, which talks to the store anyway, counts it in
+  // the store, and the member that completes the count puts the context on
+  // the store's free list, where the first rank of a new group claims it.
+  // Keys and shared-memory names use the group's instance (never reused),
+  // so nothing of the old group is mistaken for the new one's.
+  struct Released {
+    uint32_t context;
+    uint64_t instance;
+    int size;
+  };
+  std::mutex released_mu;
+  std::vector<Released> released;  // released_mu
+  uint64_t free_scanned = 0;        // free-list slots this process has tried (released_mu)
 };
 
 struct Topology {
@@ -63,8 +81,10 @@ struct Topology {
 
 // Builds the topology of a group whose members are `members` (world ranks, by
 // group rank); creates its host segment (collective over the local members).
-std::shared_ptr<Topology> make_topology(const World& w, uint32_t context, const std::vector<int>& members,
-                                        int my_rank);
+// `context` makes its tags, `instance` (unique over the world's life) names
+// its host segment.
+std::shared_ptr<Topology> make_topology(const World& w, uint32_t context, uint64_t instance,
+                                        const std::vector<int>& members, int my_rank);
 
 // Topology-aware collectives (see above). Count in elements; kAvg divides by
 // the group size.

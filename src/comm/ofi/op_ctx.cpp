@@ -74,6 +74,16 @@ void OpCtx::finish(Request* r) {
     throw CommError(fmt::format("{} failed: {} world rank {} ({} bytes): {}", info().describe(), r->what, r->peer,
                                 r->bytes, r->error));
   }
+  // A collective's messages have the sizes every rank derives from the same
+  // arguments; a short one means the ranks were called with different
+  // sizes, which must not pass as a result.
+  if (op_.collective && !r->is_send && r->state == Request::State::kDone && r->got != r->bytes) {
+    failed_peer_ = r->peer;
+    throw InvalidArgument(fmt::format(
+        "{} failed: the message from world rank {} holds {} bytes where this rank expects {}: the ranks passed "
+        "different sizes to this collective",
+        info().describe(), r->peer, r->got, r->bytes));
+  }
   if (r->prev != nullptr) r->prev->next = r->next;
   if (r->next != nullptr) r->next->prev = r->prev;
   if (live_ == r) live_ = r->next;
