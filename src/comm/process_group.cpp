@@ -6,6 +6,7 @@
 #include <ATen/ops/from_blob.h>
 
 #include <algorithm>
+#include <cctype>
 #include <numeric>
 #include <optional>
 #include <set>
@@ -38,7 +39,7 @@ void check_tensor(const at::Tensor& t, const char* what, OpType op, const GroupI
 void check_pair(const at::Tensor& a, const at::Tensor& b, OpType op, const GroupInfo& g) {
   TORUS_CHECK(a.scalar_type() == b.scalar_type(), InvalidArgument,
               "{} on group '{}': input dtype {} differs from output dtype {}", op_type_name(op), g.name,
-              c10::toString(a.scalar_type()), c10::toString(b.scalar_type()));
+              scalar_type_name(a.scalar_type()), scalar_type_name(b.scalar_type()));
   TORUS_CHECK(a.device() == b.device(), InvalidArgument, "{} on group '{}': input on {} but output on {}",
               op_type_name(op), g.name, a.device().str(), b.device().str());
 }
@@ -87,9 +88,33 @@ DType to_dtype(c10::ScalarType t) {
     case c10::ScalarType::Long: return DType::kI64;
     case c10::ScalarType::Byte: return DType::kU8;
     default:
-      throw InvalidArgument(fmt::format("dtype {} is not supported by Torus collectives (use float32, float64, "
-                                        "float16, bfloat16, int32, int64 or uint8)",
-                                        c10::toString(t)));
+      throw InvalidArgument(fmt::format("dtype {} is not supported by Torus collectives (use f32, f64, f16, bf16, "
+                                        "i32, i64 or u8)",
+                                        scalar_type_name(t)));
+  }
+}
+
+std::string scalar_type_name(c10::ScalarType t) {
+  switch (t) {
+    case c10::ScalarType::Float: return "f32";
+    case c10::ScalarType::Double: return "f64";
+    case c10::ScalarType::Half: return "f16";
+    case c10::ScalarType::BFloat16: return "bf16";
+    case c10::ScalarType::Int: return "i32";
+    case c10::ScalarType::Long: return "i64";
+    case c10::ScalarType::Byte: return "u8";
+    case c10::ScalarType::Char: return "i8";
+    case c10::ScalarType::Short: return "i16";
+    case c10::ScalarType::Bool: return "bool";
+    case c10::ScalarType::ComplexHalf: return "c32";
+    case c10::ScalarType::ComplexFloat: return "c64";
+    case c10::ScalarType::ComplexDouble: return "c128";
+    default: {
+      // f8 variants, quantized and bit types: c10's own spelling, lower case.
+      std::string name = c10::toString(t);
+      std::transform(name.begin(), name.end(), name.begin(), [](unsigned char ch) { return std::tolower(ch); });
+      return name;
+    }
   }
 }
 
@@ -152,14 +177,26 @@ void ProcessGroup::check_fingerprint(const BackendPtr& b, OpType op, const at::T
                        op_type_name(static_cast<OpType>(fp[1])),
                        fp[2] >= 0 ? dtype_name(static_cast<DType>(fp[2])) : "none", fp[3], fp[4], fp[5], fp[6], fp[7]);
   };
-  for (int r = 0; r < b->size(); ++r) {
-    const int64_t* theirs = all.data() + kLen * static_cast<size_t>(r);
-    if (std::equal(theirs, theirs + kLen, all.data())) continue;
-    throw InvalidArgument(fmt::format(
-        "collective mismatch on group '{}' (TORUS_DEBUG_COLLECTIVES): rank {} called {} but rank 0 called {} "
-        "(this is rank {})",
-        name(), r, describe(theirs), describe(all.data()), rank()));
+  // The odd rank out is named against what most ranks called (rank 0's
+  // call on a tie), so that a wrong rank 0 is the one named.
+  const int n = b->size();
+  auto fp = [&](int r) { return all.data() + kLen * static_cast<size_t>(r); };
+  int majority = 0, votes = 0;
+  for (int r = 0; r < n; ++r) {
+    int same = 0;
+    for (int q = 0; q < n; ++q) same += std::equal(fp(q), fp(q) + kLen, fp(r)) ? 1 : 0;
+    if (same > votes) majority = r, votes = same;
   }
+  if (votes == n) return;
+  std::vector<int> odd;
+  for (int r = 0; r < n; ++r) {
+    if (!std::equal(fp(r), fp(r) + kLen, fp(majority))) odd.push_back(r);
+  }
+  throw InvalidArgument(fmt::format(
+      "collective mismatch on group '{}' (TORUS_DEBUG_COLLECTIVES): rank {} called {} but {} ranks (rank {} among "
+      "them) called {}{} (this is rank {})",
+      name(), odd.front(), describe(fp(odd.front())), votes, majority, describe(fp(majority)),
+      odd.size() > 1 ? fmt::format("; ranks [{}] differ from them", fmt::join(odd, ", ")) : std::string(), rank()));
 }
 
 WorkPtr ProcessGroup::all_reduce(at::Tensor& tensor, const AllReduceOptions& opts) {
@@ -265,7 +302,7 @@ WorkPtr ProcessGroup::all_to_all(const at::Tensor& input, at::Tensor& output, co
 
 WorkPtr ProcessGroup::broadcast(at::Tensor& tensor, const BroadcastOptions& opts) {
   const auto op = OpType::kBroadcast;
-  check_tensor(tensor, "", op, info());
+  check_tensor(tensor, "the", op, info());
   check_rank(opts.root, size(), "root", op, info());
   const auto& b = backend_for(tensor, "the");
   CallerStream caller_stream(tensor);
@@ -278,7 +315,7 @@ WorkPtr ProcessGroup::broadcast(at::Tensor& tensor, const BroadcastOptions& opts
 
 WorkPtr ProcessGroup::reduce(at::Tensor& tensor, const ReduceOptions& opts) {
   const auto op = OpType::kReduce;
-  check_tensor(tensor, "", op, info());
+  check_tensor(tensor, "the", op, info());
   check_rank(opts.root, size(), "root", op, info());
   const auto& b = backend_for(tensor, "the");
   CallerStream caller_stream(tensor);
@@ -291,7 +328,7 @@ WorkPtr ProcessGroup::reduce(at::Tensor& tensor, const ReduceOptions& opts) {
 
 WorkPtr ProcessGroup::send(const at::Tensor& tensor, int dst, const SendRecvOptions& opts) {
   const auto op = OpType::kSend;
-  check_tensor(tensor, "", op, info());
+  check_tensor(tensor, "the", op, info());
   check_rank(dst, size(), "destination", op, info());
   TORUS_CHECK(opts.tag >= 0, InvalidArgument, "send on group '{}': tag {} must be >= 0", name(), opts.tag);
   const auto& b = backend_for(tensor, "the");
@@ -303,7 +340,7 @@ WorkPtr ProcessGroup::send(const at::Tensor& tensor, int dst, const SendRecvOpti
 
 WorkPtr ProcessGroup::recv(at::Tensor& tensor, int src, const SendRecvOptions& opts) {
   const auto op = OpType::kRecv;
-  check_tensor(tensor, "", op, info());
+  check_tensor(tensor, "the", op, info());
   check_rank(src, size(), "source", op, info());
   TORUS_CHECK(opts.tag >= 0, InvalidArgument, "recv on group '{}': tag {} must be >= 0", name(), opts.tag);
   const auto& b = backend_for(tensor, "the");
@@ -334,7 +371,9 @@ std::shared_ptr<ProcessGroup> ProcessGroup::new_group(const std::vector<int>& ra
   TORUS_CHECK(!ranks.empty(), InvalidArgument, "new_group '{}': the rank list is empty", group_name);
   std::set<int> seen;
   for (int r : ranks) {
-    check_rank(r, size(), "listed rank", OpType::kBarrier, info());
+    TORUS_CHECK(r >= 0 && r < size(), InvalidArgument,
+                "new_group '{}' of group '{}': listed rank {} is outside the group of {} ranks", group_name, name(), r,
+                size());
     TORUS_CHECK(seen.insert(r).second, InvalidArgument, "new_group '{}': rank {} is listed twice", group_name, r);
   }
   auto it = std::find(ranks.begin(), ranks.end(), rank());

@@ -299,6 +299,44 @@ TEST(ProcessGroup, DebugModeNamesTheMismatchingRank) {
   EXPECT_TRUE(ok.eq(g.size()).all().item<bool>());
 }
 
+// With three or more ranks the odd one out is named against the majority,
+// also when it is rank 0.
+TEST(ProcessGroup, DebugModeNamesRankZeroWhenItIsTheOddOne) {
+  auto& g = *world();
+  if (g.size() < 3) GTEST_SKIP() << "a majority needs three ranks";
+  auto dbg = g.split(0, g.rank(), "debug0");
+  dbg->set_debug(true);
+  at::Tensor t = at::ones({g.rank() == 0 ? 5 : 4});
+  std::string msg = what_of([&] { dbg->all_reduce(t)->wait(); });
+  EXPECT_NE(msg.find("rank 0 called all_reduce(dtype f32, numel 5"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find("rank 1 called"), std::string::npos) << msg;
+}
+
+// Messages name the call that was made and spell dtypes as Torus does.
+TEST(ProcessGroup, MessagesNameTheCallAndTorusDtypes) {
+  auto& g = *world();
+  std::string msg = what_of([&] { g.new_group({0, g.size()}, "bad"); });
+  EXPECT_NE(msg.find("new_group 'bad'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(std::to_string(g.size())), std::string::npos) << msg;
+  EXPECT_EQ(msg.find("barrier"), std::string::npos) << msg;
+  at::Tensor nc = at::ones({4, 4}).t();
+  msg = what_of([&] { g.broadcast(nc); });
+  EXPECT_NE(msg.find("broadcast on group 'world': the tensor (shape [4, 4]"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find("  "), std::string::npos) << msg;
+  for (auto [type, name] : {std::pair{at::kChar, "i8"}, std::pair{at::kShort, "i16"}, std::pair{at::kBool, "bool"}}) {
+    at::Tensor x = at::ones({4}, type);
+    msg = what_of([&] { g.all_reduce(x); });
+    EXPECT_NE(msg.find(std::string("dtype ") + name + " is not supported"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find("Char"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find("Short"), std::string::npos) << msg;
+  }
+  at::Tensor f = at::zeros({4}), d = at::zeros({4}, at::kDouble), u = at::zeros({4}, at::kByte);
+  msg = what_of([&] { g.all_reduce(f, d); });
+  EXPECT_NE(msg.find("input dtype f32 differs from output dtype f64"), std::string::npos) << msg;
+  msg = what_of([&] { g.all_reduce(u, f); });
+  EXPECT_NE(msg.find("input dtype u8 differs"), std::string::npos) << msg;
+}
+
 TEST(ProcessGroup, MissingRankEndsInTimeoutErrorNamingTheOp) {
   auto& g = *world();
   if (g.size() < 2) GTEST_SKIP() << "a missing peer needs two ranks";

@@ -113,6 +113,9 @@ using ProcessGroupPtr = std::shared_ptr<ProcessGroup>;
 // comm layer does not carry (bool, complex, f8...).
 DType to_dtype(c10::ScalarType t);
 c10::ScalarType to_scalar_type(DType t);
+// The name Torus gives a tensor dtype in messages: dtype_name()'s spelling
+// (f32, bf16, u8...) and i8, i16, bool, c64... for types outside DType.
+std::string scalar_type_name(c10::ScalarType t);
 
 // A zeroed, contiguous CPU tensor over shared host memory (Note [Shared host
 // buffers] in shared_host.h): collectives whose buffers are all such tensors
