@@ -104,9 +104,12 @@ void begin_op(HostGroup* h, uint64_t sig) {
   h->op_round = h->round + 1;
   h->op_sig = sig;
   auto& e = h->seg->control(h->local_rank()).sigs.ring[h->op_round % SegmentOpSigs::kRing];
-  e.round.store(0);
-  e.what.store(sig);
-  e.round.store(h->op_round);
+  // A seqlock write: readers that see the same round before and after
+  // reading `what` read this op's word (plain stores on x86).
+  e.round.store(0, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+  e.what.store(sig, std::memory_order_relaxed);
+  e.round.store(h->op_round, std::memory_order_release);
 }
 
 // Whether local rank q's signature of the current op does not contradict
@@ -125,10 +128,12 @@ bool signature_agrees(HostGroup* h, int q) {
   uint64_t& checked = h->sig_checked[static_cast<size_t>(q)];
   if (checked == h->op_round) return true;
   const auto& e = h->seg->control(q).sigs.ring[h->op_round % SegmentOpSigs::kRing];
-  const uint64_t before = e.round.load();
+  const uint64_t before = e.round.load(std::memory_order_acquire);
   if (before < h->op_round) return true;  // not published yet (or being rewritten)
-  const uint64_t theirs = e.what.load();
-  if (before == h->op_round && e.round.load() == before && theirs != h->op_sig) return false;
+  const uint64_t theirs = e.what.load(std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_acquire);
+  const bool whole = e.round.load(std::memory_order_relaxed) == before;
+  if (before == h->op_round && whole && theirs != h->op_sig) return false;
   checked = h->op_round;
   return true;
 }
@@ -136,7 +141,8 @@ bool signature_agrees(HostGroup* h, int q) {
 // As signature_agrees(), throwing InvalidArgument that names both calls.
 void check_signature(const OpCtx& c, HostGroup* h, int q) {
   if (signature_agrees(h, q)) return;
-  const uint64_t theirs = h->seg->control(q).sigs.ring[h->op_round % SegmentOpSigs::kRing].what.load();
+  const uint64_t theirs =
+      h->seg->control(q).sigs.ring[h->op_round % SegmentOpSigs::kRing].what.load(std::memory_order_relaxed);
   throw InvalidArgument(fmt::format(
       "{} failed: the ranks disagree on this collective: world rank {} called {}, this rank (world rank {}) "
       "called {}; every rank of the group must pass the same sizes",
