@@ -13,6 +13,17 @@
 // idle-during-handshake connection is logged and closed, never crashing the
 // server, blocking other clients, or changing any key.
 //
+// Admission: connections that have not finished the handshake are bounded
+// in all (max_unauthenticated) and per source address
+// (max_unauthenticated_per_address) and closed after handshake_timeout; past
+// a bound, or when all max_connections are taken, the oldest unauthenticated
+// connection (of that address) is closed to admit the new one. So a flood of
+// idle connections, even from the ranks' own address, cannot hold the slots
+// that joining ranks need: a rank is only ever refused when max_connections
+// authenticated clients are connected. A client whose handshake is cut off
+// this way retries (until connect_timeout); only an explicit rejection of
+// its token is final.
+//
 // All client methods are thread safe (one request in flight per client;
 // callers serialise on a mutex) and take a timeout; passing it throws
 // TimeoutError naming the key(s). A lost server throws CommError.
@@ -77,8 +88,14 @@ class TcpStoreServer {
     std::string bind_addr = "127.0.0.1";  // numeric IPv4/IPv6 address to listen on
     int port = 0;                         // 0 = any free port
     std::string token;                    // job token; must be non-empty
-    std::chrono::milliseconds handshake_timeout{10000};
+    // A legitimate client finishes the handshake in two round trips; longer
+    // only helps a peer that holds slots without authenticating.
+    std::chrono::milliseconds handshake_timeout{2000};
     int max_connections = 4096;
+    // Bounds on connections that have not authenticated yet (see Admission
+    // above); each must be >= 1 and is capped by the bound above it.
+    int max_unauthenticated = 2048;
+    int max_unauthenticated_per_address = 1024;
   };
   explicit TcpStoreServer(Options options);
   ~TcpStoreServer();
@@ -93,8 +110,9 @@ class TcpStoreServer {
     uint64_t auth_failures = 0;
     uint64_t protocol_errors = 0;
     uint64_t requests_served = 0;
-    uint64_t connections_refused = 0;  // over max_connections
+    uint64_t connections_refused = 0;  // over max_connections, all of them authenticated
     uint64_t handshake_timeouts = 0;   // closed for not finishing the handshake in time
+    uint64_t unauthenticated_evicted = 0;  // closed to admit a newer connection (Admission)
   };
   Stats stats() const;
 
