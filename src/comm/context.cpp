@@ -14,6 +14,7 @@
 #include <map>
 #include <thread>
 
+#include "comm/store_token.h"
 #include "core/log.h"
 #include "torus/config.h"
 #include "torus/core/params.h"
@@ -107,6 +108,7 @@ std::shared_ptr<Context> Context::create(const InitOptions& options) {
   // --- the store --------------------------------------------------------------
   std::string host;
   int port = 0;
+  std::optional<LocalTokenPath> local_token;  // set when the token travels through a file
   if (L.world_size == 1 && L.master_addr.empty()) {
     if (token.empty()) token = generate_job_token();
     ctx->server_ = std::make_unique<TcpStoreServer>(TcpStoreServer::Options{"127.0.0.1", 0, token});
@@ -146,14 +148,36 @@ std::shared_ptr<Context> Context::create(const InitOptions& options) {
                   "the store at {}:{} is reachable from the network, so the job needs a token: set TORUS_JOB_TOKEN "
                   "to the same secret on every rank (e.g. `openssl rand -hex 32`)",
                   host, port);
-      TORUS_LOG_WARN("no TORUS_JOB_TOKEN: the store listens on loopback only, using a fixed local token");
-      token = "torus-loopback-only";
+      if (L.world_size > 1) {
+        // Note [Local job token]: the ranks share a generated token through
+        // a file only this user can read.
+        local_token = local_token_path(params.runtime_dir, numeric_address(host), port);
+      } else {
+        token = generate_job_token();  // nobody else needs to know it
+      }
     }
     if (L.rank == 0) {
+      // The directory is checked before the server starts, but the file is
+      // written only once the port is ours: a rank 0 that fails to bind
+      // (another job holds the port) must not replace that job's token.
+      if (local_token) {
+        ctx->token_file_ = std::make_unique<LocalTokenFile>(*local_token);
+        token = generate_job_token();
+      }
       ctx->server_ = std::make_unique<TcpStoreServer>(TcpStoreServer::Options{numeric_address(host), port, token});
+      if (local_token) {
+        ctx->token_file_->publish(token);
+        TORUS_LOG_INFO("no TORUS_JOB_TOKEN: generated a job token for the loopback store and shared it with the "
+                       "ranks of this host through {}",
+                       local_token->file());
+      }
     }
   }
-  ctx->store_ = std::make_shared<TcpStore>(TcpStore::Options{host, port, token, params.store_timeout});
+  if (local_token && L.rank != 0) {
+    ctx->store_ = connect_with_local_token(TcpStore::Options{host, port, "", params.store_timeout}, *local_token);
+  } else {
+    ctx->store_ = std::make_shared<TcpStore>(TcpStore::Options{host, port, token, params.store_timeout});
+  }
 
   // --- hosts ------------------------------------------------------------------
   const auto& store = ctx->store_;
@@ -238,6 +262,7 @@ Context::~Context() {
   }
   store_.reset();
   server_.reset();
+  token_file_.reset();  // removed with the server: nobody can use the token any more
   mpi_hold_.reset();  // MPI_Finalize (if this was the last holder) runs last
 }
 

@@ -5,6 +5,7 @@ target_sources(torus_base PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/store.cpp
   ${CMAKE_CURRENT_LIST_DIR}/store_server.cpp
   ${CMAKE_CURRENT_LIST_DIR}/store_protocol.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/store_token.cpp
   ${CMAKE_CURRENT_LIST_DIR}/launch.cpp
   ${CMAKE_CURRENT_LIST_DIR}/context.cpp
   ${CMAKE_CURRENT_LIST_DIR}/mesh_layout.cpp

@@ -78,9 +78,11 @@ namespace {
 // "timeout" answer before deciding the server itself is gone.
 constexpr auto kReplyMargin = std::chrono::seconds(5);
 constexpr auto kMaxBackoff = std::chrono::milliseconds(1000);
+constexpr auto kBusyRetry = std::chrono::milliseconds(10);
 
-// A failure worth another connection attempt (refused, reset, closed before
-// the handshake started). Authentication failures are final.
+// A failure worth another connection attempt (refused, reset, closed during
+// the handshake). Only an explicit rejection of the token, or a server that
+// cannot prove the token, is final.
 struct RetryableConnectError {
   std::string why;
 };
@@ -156,6 +158,10 @@ void TcpStore::Impl::connect(Clock::time_point deadline) {
         return;
       } catch (const RetryableConnectError& e) {
         why = e.why;
+        // The server is up but cut the handshake short (it evicts the oldest
+        // unauthenticated connections under a flood): what gets through is
+        // a prompt new attempt, not a longer wait.
+        backoff = kBusyRetry;
       }
     }
     auto left = deadline - Clock::now();
@@ -239,9 +245,12 @@ void TcpStore::Impl::handshake(int sock, Clock::time_point deadline) {
     r = proto::write_all(sock, auth.data(), auth.size(), deadline, &err);
     if (r == proto::IoResult::kOk) r = proto::read_frame(sock, proto::kMaxHandshakeFrameBytes, deadline, &payload, &err);
     if (r != proto::IoResult::kOk) {
-      throw CommError(fmt::format("store authentication failed with {}: {} during the handshake (wrong job token, "
-                                  "or not a Torus store?)",
-                                  endpoint, describe(r, err)));
+      // No verdict on the token (a rejection is an explicit frame): the
+      // server cut the handshake short, as it does to its oldest
+      // unauthenticated connections under a flood, so try again.
+      throw RetryableConnectError{fmt::format("the handshake was cut short ({}): the server may be evicting "
+                                              "unauthenticated connections",
+                                              describe(r, err))};
     }
     proto::Mac server_mac{};
     if (!proto::decode_server_auth(payload, &server_mac)) {

@@ -477,19 +477,27 @@ void set_stream_options(int fd) {
   (void)::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
 }
 
-std::string sockaddr_to_string(const sockaddr* sa) {
+std::string sockaddr_host(const sockaddr* sa) {
   char host[INET6_ADDRSTRLEN] = "?";
   if (sa->sa_family == AF_INET) {
-    const auto* in = reinterpret_cast<const sockaddr_in*>(sa);
-    ::inet_ntop(AF_INET, &in->sin_addr, host, sizeof(host));
-    return fmt::format("{}:{}", host, ntohs(in->sin_port));
+    ::inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(sa)->sin_addr, host, sizeof(host));
+    return host;
   }
   if (sa->sa_family == AF_INET6) {
-    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(sa);
-    ::inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof(host));
-    return fmt::format("[{}]:{}", host, ntohs(in6->sin6_port));
+    ::inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(sa)->sin6_addr, host, sizeof(host));
+    return host;
   }
   return fmt::format("<address family {}>", sa->sa_family);
+}
+
+std::string sockaddr_to_string(const sockaddr* sa) {
+  if (sa->sa_family == AF_INET) {
+    return fmt::format("{}:{}", sockaddr_host(sa), ntohs(reinterpret_cast<const sockaddr_in*>(sa)->sin_port));
+  }
+  if (sa->sa_family == AF_INET6) {
+    return fmt::format("[{}]:{}", sockaddr_host(sa), ntohs(reinterpret_cast<const sockaddr_in6*>(sa)->sin6_port));
+  }
+  return sockaddr_host(sa);
 }
 
 std::string printable_key(std::string_view key) {

@@ -219,6 +219,8 @@ void set_stream_options(int fd);  // TCP_NODELAY and SO_KEEPALIVE
 
 // "1.2.3.4:5" or "[::1]:5".
 std::string sockaddr_to_string(const sockaddr* sa);
+// The numeric address alone: "1.2.3.4" or "::1".
+std::string sockaddr_host(const sockaddr* sa);
 // A key for an error message: printable, escaped and truncated.
 std::string printable_key(std::string_view key);
 std::string printable_keys(const std::vector<std::string>& keys);

@@ -9,6 +9,14 @@
 // Bounds that keep a hostile peer from hurting anyone else:
 //  * before the handshake completes a connection may buffer at most one
 //    kMaxHandshakeFrameBytes frame, and it is closed after handshake_timeout;
+//  * unauthenticated connections are bounded in all and per source address,
+//    and the oldest of them is closed to admit a new connection at a bound
+//    (Admission in store.h). Evicting the oldest rather than refusing the
+//    newest is what lets a rank in: a flood's connections are idle, while a
+//    rank answers the hello at once, so it authenticates long before enough
+//    newer connections arrive to make it the oldest. Each round serves the
+//    connections' input before it accepts, so an answer already received is
+//    never lost to an eviction in the same round;
 //  * an authenticated connection buffers at most one maximal frame, and a new
 //    frame is not even read until the previous reply has been sent;
 //  * a frame is decoded and validated as a whole before it touches the data,
@@ -29,6 +37,7 @@
 #include <charconv>
 #include <deque>
 #include <map>
+#include <set>
 #include <thread>
 #include <unordered_map>
 
@@ -46,7 +55,7 @@ namespace {
 
 constexpr size_t kReadChunk = 256 * 1024;
 constexpr int kMaxReadsPerWakeup = 16;  // 4 MiB per connection per round: one big sender cannot starve the rest
-constexpr int kMaxAcceptsPerWakeup = 64;
+constexpr int kMaxAcceptsPerWakeup = 256;
 constexpr auto kAcceptPause = std::chrono::milliseconds(100);
 constexpr size_t kKeepBufferBytes = 1 << 20;  // idle buffers above this are released
 
@@ -59,7 +68,8 @@ struct Conn {
 
   uint64_t id = 0;
   proto::Fd fd;
-  std::string peer;
+  std::string peer;  // address:port, for log lines
+  std::string addr;  // the source address alone: what the per-address bound counts
   State state = State::kHandshake;
   Clock::time_point handshake_deadline;
   proto::Nonce server_nonce{};
@@ -108,13 +118,19 @@ struct TcpStoreServer::Impl {
   std::atomic<bool> stop{false};
 
   std::atomic<uint64_t> accepted{0}, refused{0}, auth_failures{0}, protocol_errors{0}, served{0},
-      handshake_timeouts{0};
+      handshake_timeouts{0}, evicted{0};
 
   // Everything below belongs to the server thread.
   std::unordered_map<std::string, std::vector<uint8_t>> data;
   std::map<uint64_t, std::unique_ptr<Conn>> conns;
   std::unordered_map<std::string, std::vector<uint64_t>> waiters;  // key -> ids of blocked connections
   std::deque<uint64_t> runnable;  // connections whose buffered frames may now be processed
+  size_t live = 0;                // connections not dead (conns also holds dead ones until the round ends)
+  // Ids of the connections that have not authenticated (handshake, or closing
+  // after a rejection), in all and per source address. Ids grow with arrival,
+  // so begin() is the oldest.
+  std::set<uint64_t> unauth;
+  std::unordered_map<std::string, std::set<uint64_t>> unauth_by_addr;
   uint64_t next_id = 1;
   Clock::time_point accept_paused_until{};
   std::vector<uint8_t> scratch = std::vector<uint8_t>(kReadChunk);
@@ -122,6 +138,9 @@ struct TcpStoreServer::Impl {
   void run();
   void loop_once();
   void accept_new();
+  bool make_room(const std::string& addr, const std::string& peer);
+  void evict_oldest(const std::set<uint64_t>& ids, int limit, const char* what);
+  void untrack_unauth(Conn& c);
   void handle_events(Conn& c, short revents);
   void read_some(Conn& c);
   void flush(Conn& c);
@@ -155,6 +174,14 @@ TcpStoreServer::TcpStoreServer(Options options) : impl_(std::make_unique<Impl>()
               s.opts.max_connections);
   TORUS_CHECK(s.opts.handshake_timeout.count() > 0, InvalidArgument,
               "TcpStoreServer: handshake_timeout must be positive");
+  TORUS_CHECK(s.opts.max_unauthenticated >= 1 && s.opts.max_unauthenticated_per_address >= 1, InvalidArgument,
+              "TcpStoreServer: max_unauthenticated ({}) and max_unauthenticated_per_address ({}) must be >= 1",
+              s.opts.max_unauthenticated, s.opts.max_unauthenticated_per_address);
+  // Each bound is at most the one above it (a small max_connections alone
+  // keeps its meaning).
+  s.opts.max_unauthenticated = std::min(s.opts.max_unauthenticated, s.opts.max_connections);
+  s.opts.max_unauthenticated_per_address =
+      std::min(s.opts.max_unauthenticated_per_address, s.opts.max_unauthenticated);
 
   std::string host = s.opts.bind_addr;
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
@@ -223,6 +250,7 @@ TcpStoreServer::Stats TcpStoreServer::stats() const {
   st.requests_served = impl_->served.load();
   st.connections_refused = impl_->refused.load();
   st.handshake_timeouts = impl_->handshake_timeouts.load();
+  st.unauthenticated_evicted = impl_->evicted.load();
   return st;
 }
 
@@ -272,12 +300,12 @@ void TcpStoreServer::Impl::loop_once() {
     }
   }
   if (stop.load()) return;
-  if (pfds[1].revents & POLLIN) accept_new();
   for (size_t i = 0; i < order.size(); ++i) {
     short re = pfds[i + 2].revents;
     Conn& c = *order[i];
     if (re != 0 && c.alive()) guarded(c, "i/o", [&] { handle_events(c, re); });
   }
+  if (pfds[1].revents & POLLIN) accept_new();  // after the input: see the header comment
   expire(Clock::now());
   drain_runnable();
   std::erase_if(conns, [](const auto& kv) { return !kv.second->alive(); });
@@ -313,27 +341,65 @@ void TcpStoreServer::Impl::accept_new() {
     }
     proto::Fd f(fd);
     std::string peer = proto::sockaddr_to_string(reinterpret_cast<sockaddr*>(&ss));
-    if (conns.size() >= static_cast<size_t>(opts.max_connections)) {
-      uint64_t n = ++refused;
-      if (should_warn(n)) {
-        TORUS_LOG_WARN("store server {}: refusing the connection from {}: the limit of {} connections is reached "
-                       "({} refused so far)", endpoint, peer, opts.max_connections, n);
-      }
-      continue;  // f closes it
-    }
+    std::string addr = proto::sockaddr_host(reinterpret_cast<sockaddr*>(&ss));
+    if (!make_room(addr, peer)) continue;  // f closes it
     ++accepted;
     proto::set_stream_options(fd);
     auto c = std::make_unique<Conn>();
     c->id = next_id++;
     c->fd = std::move(f);
     c->peer = std::move(peer);
+    c->addr = std::move(addr);
     c->handshake_deadline = Clock::now() + opts.handshake_timeout;
     c->server_nonce = proto::random_nonce();
     TORUS_LOG_DEBUG("store server {}: connection from {}", endpoint, c->peer);
     Conn& ref = *c;
+    ++live;
+    unauth.insert(ref.id);
+    unauth_by_addr[ref.addr].insert(ref.id);
     conns.emplace(ref.id, std::move(c));
     guarded(ref, "hello", [&] { queue(ref, proto::encode_server_hello(ref.server_nonce)); });
   }
+}
+
+// Makes room for a new connection from `addr` (Admission in store.h); false
+// when every slot is held by an authenticated client.
+bool TcpStoreServer::Impl::make_room(const std::string& addr, const std::string& peer) {
+  if (auto it = unauth_by_addr.find(addr);
+      it != unauth_by_addr.end() && it->second.size() >= static_cast<size_t>(opts.max_unauthenticated_per_address)) {
+    evict_oldest(it->second, opts.max_unauthenticated_per_address, "unauthenticated connections per address");
+  } else if (unauth.size() >= static_cast<size_t>(opts.max_unauthenticated)) {
+    evict_oldest(unauth, opts.max_unauthenticated, "unauthenticated connections");
+  }
+  if (live < static_cast<size_t>(opts.max_connections)) return true;
+  if (!unauth.empty()) {
+    evict_oldest(unauth, opts.max_connections, "connections");
+    return true;
+  }
+  uint64_t n = ++refused;
+  if (should_warn(n)) {
+    TORUS_LOG_WARN("store server {}: refusing the connection from {}: all {} connections are authenticated clients "
+                   "({} refused so far)", endpoint, peer, opts.max_connections, n);
+  }
+  return false;
+}
+
+void TcpStoreServer::Impl::evict_oldest(const std::set<uint64_t>& ids, int limit, const char* what) {
+  Conn& victim = *conns.at(*ids.begin());  // close_conn below changes ids
+  uint64_t n = ++evicted;
+  if (should_warn(n)) {
+    TORUS_LOG_WARN("store server {}: closing the unauthenticated connection from {} to admit a newer one: the "
+                   "limit of {} {} is reached ({} closed so far)", endpoint, victim.peer, limit, what, n);
+  }
+  close_conn(victim);
+}
+
+void TcpStoreServer::Impl::untrack_unauth(Conn& c) {
+  if (unauth.erase(c.id) == 0) return;
+  auto it = unauth_by_addr.find(c.addr);
+  if (it == unauth_by_addr.end()) return;
+  it->second.erase(c.id);
+  if (it->second.empty()) unauth_by_addr.erase(it);
 }
 
 void TcpStoreServer::Impl::handle_events(Conn& c, short re) {
@@ -452,6 +518,7 @@ void TcpStoreServer::Impl::on_handshake(Conn& c, std::span<const uint8_t> payloa
     return;
   }
   c.state = Conn::State::kReady;
+  untrack_unauth(c);
   TORUS_LOG_DEBUG("store server {}: {} authenticated", endpoint, c.peer);
   queue(c, proto::encode_server_auth(
                proto::auth_mac(opts.token, proto::Direction::kServer, c.server_nonce, client_nonce)));
@@ -650,6 +717,9 @@ void TcpStoreServer::Impl::protocol_error(Conn& c, std::string_view why) {
 }
 
 void TcpStoreServer::Impl::close_conn(Conn& c) {
+  if (c.state == Conn::State::kDead) return;
+  --live;
+  untrack_unauth(c);
   unregister_wait(c);
   c.fd.reset();
   c.state = Conn::State::kDead;

@@ -57,7 +57,7 @@ const std::set<std::string>& known_variables() {
       "TORUS_LOG_LEVEL",     "TORUS_TIMEOUT_MS",   "TORUS_DEBUG_COLLECTIVES", "TORUS_BACKEND",
       "TORUS_RANK",          "TORUS_WORLD_SIZE",   "TORUS_LOCAL_RANK",        "TORUS_LOCAL_SIZE",
       "TORUS_MASTER_ADDR",   "TORUS_MASTER_PORT",  "TORUS_SOCKET_IFNAME",     "TORUS_JOB_TOKEN",
-      "TORUS_STORE_TIMEOUT_MS", "TORUS_OFI_PROVIDER",
+      "TORUS_STORE_TIMEOUT_MS", "TORUS_RUNTIME_DIR", "TORUS_OFI_PROVIDER",
       // ofi backend tuning, read by src/comm/ofi/ofi_options.cpp (docs/ofi.md).
       "TORUS_OFI_HOST_SHM", "TORUS_OFI_SHM_CHUNK_BYTES", "TORUS_OFI_SHM_STAGE_BYTES", "TORUS_OFI_SHM_DEPTH",
       "TORUS_OFI_SHM_EAGER_BYTES", "TORUS_OFI_SHM_ZERO_COPY_BYTES", "TORUS_OFI_SHM_NT_BYTES", "TORUS_OFI_RD_MAX_BYTES", "TORUS_OFI_TREE_MAX_BYTES", "TORUS_OFI_CHUNK_BYTES",
@@ -99,6 +99,14 @@ EnvParams EnvParams::from_env() {
     TORUS_CHECK(*v > 0, InvalidArgument, "TORUS_STORE_TIMEOUT_MS={} must be > 0", *v);
     p.store_timeout = std::chrono::milliseconds(*v);
   }
+  if (auto v = env_string("TORUS_RUNTIME_DIR")) {
+    TORUS_CHECK(v->front() == '/', InvalidArgument, "TORUS_RUNTIME_DIR='{}' must be an absolute path", *v);
+    p.runtime_dir = *v;
+  } else if (auto x = env_string("XDG_RUNTIME_DIR"); x && x->front() == '/') {
+    p.runtime_dir = *x;  // the XDG spec: a relative value is ignored
+  } else if (auto t = env_string("TMPDIR"); t && t->front() == '/') {
+    p.runtime_dir = *t;
+  }
   if (auto v = env_string("TORUS_OFI_PROVIDER")) {
     p.ofi_provider = *v;
   } else if (auto f = env_string("FI_PROVIDER")) {
@@ -130,6 +138,7 @@ std::vector<std::pair<std::string, std::string>> EnvParams::describe() const {
       {"TORUS_SOCKET_IFNAME", str(socket_ifname)},
       {"TORUS_JOB_TOKEN", job_token.empty() ? "(unset)" : "(set, redacted)"},
       {"TORUS_STORE_TIMEOUT_MS", std::to_string(store_timeout.count())},
+      {"TORUS_RUNTIME_DIR", runtime_dir},
       {"TORUS_OFI_PROVIDER", str(ofi_provider)},
   };
 }

@@ -1,12 +1,18 @@
 // Note [Store security] under test: mutual authentication (wrong tokens and
 // impostor servers rejected, token never on the wire), handshake deadline,
-// connection limit, frame validation that never changes a key, and a seeded
-// fuzz storm of hostile connections after which the server still serves and
-// every key set before it is unchanged.
+// admission (connection limit, bounds on unauthenticated connections, a
+// flood of idle connections that must not delay joining ranks), frame
+// validation that never changes a key, and a seeded fuzz storm of hostile
+// connections after which the server still serves and every key set before
+// it is unchanged.
 #include <gtest/gtest.h>
 
+#include <sys/resource.h>
+
+#include <algorithm>
 #include <atomic>
 #include <map>
+#include <mutex>
 #include <random>
 #include <thread>
 
@@ -36,6 +42,14 @@ void fake_handshake(int fd, const std::string& server_token, std::vector<uint8_t
   proto::write_all(fd, answer.data(), answer.size(), deadline, &err);
   uint8_t b;
   proto::read_exact(fd, &b, 1, proto::Clock::now() + 2s, &err);  // until the client hangs up
+}
+
+proto::Request set_request(std::string key, std::string value) {
+  proto::Request r;
+  r.type = proto::MsgType::kSet;
+  r.keys = {std::move(key)};
+  r.value = to_bytes(value);
+  return r;
 }
 
 TcpStore::Options fake_client_options(int port) {
@@ -120,31 +134,70 @@ TEST(StoreSecurity, UnauthenticatedConnectionsAreClosedAtTheHandshakeDeadline) {
   EXPECT_EQ(good.add("n", 1), 1);
 }
 
-TEST(StoreSecurity, ConnectionLimitIsEnforced) {
+TEST(StoreSecurity, ConnectionLimitEvictsTheUnauthenticatedBeforeRefusing) {
   auto o = server_options();
   o.max_connections = 3;
   TcpStoreServer server(o);
-  auto a = std::make_unique<RawConn>(server.address(), server.port());
+  RawConn a(server.address(), server.port());
+  ASSERT_TRUE(a.read_frame(2s, proto::kMaxHandshakeFrameBytes).has_value());  // a holds a slot, idle
   RawConn b(server.address(), server.port());
   RawConn c(server.address(), server.port());
-  ASSERT_TRUE(b.handshake(kToken));  // b and c are admitted (they got a hello)
+  ASSERT_TRUE(b.handshake(kToken));
   ASSERT_TRUE(c.handshake(kToken));
+  // All three slots are taken, one by an idle stranger: a rank still gets in,
+  // in the stranger's place.
+  auto t0 = std::chrono::steady_clock::now();
+  TcpStore good(client_options(server));
+  good.set_string("k", "v");
+  EXPECT_LT(seconds_since(t0), 1.0);
+  EXPECT_TRUE(a.closed_by_peer_within(2s));
+  EXPECT_EQ(server.stats().unauthenticated_evicted, 1u);
+  EXPECT_EQ(server.stats().connections_refused, 0u);
+  // Only when every slot holds an authenticated client is a newcomer refused.
   RawConn d(server.address(), server.port());
   EXPECT_TRUE(d.closed_by_peer_within(2s));
   EXPECT_EQ(server.stats().connections_refused, 1u);
-  EXPECT_EQ(server.stats().connections_accepted, 3u);
-  a.reset();  // frees a slot; the client retries until it gets it
-  TcpStore good(client_options(server));
-  good.set_string("k", "v");
+  EXPECT_EQ(server.stats().connections_accepted, 4u);
   EXPECT_EQ(good.get_string("k", 1s), "v");
 }
 
-proto::Request set_request(std::string key, std::string value) {
-  proto::Request r;
-  r.type = proto::MsgType::kSet;
-  r.keys = {std::move(key)};
-  r.value = to_bytes(value);
-  return r;
+TEST(StoreSecurity, UnauthenticatedConnectionsAreBoundedPerAddressOldestFirst) {
+  auto o = server_options();
+  o.max_unauthenticated = 8;
+  o.max_unauthenticated_per_address = 3;
+  TcpStoreServer server(o);
+  auto connect = [&] {
+    auto c = std::make_unique<RawConn>(server.address(), server.port());
+    // Reading the hello makes the arrival order the server's order.
+    EXPECT_TRUE(c->read_frame(2s, proto::kMaxHandshakeFrameBytes).has_value());
+    return c;
+  };
+  auto c1 = connect();
+  auto c2 = connect();
+  auto c3 = connect();
+  EXPECT_EQ(server.stats().unauthenticated_evicted, 0u);
+  auto c4 = connect();  // the fourth from 127.0.0.1 pushes out the oldest
+  EXPECT_TRUE(c1->closed_by_peer_within(2s));
+  EXPECT_EQ(server.stats().unauthenticated_evicted, 1u);
+  // An authenticated connection leaves the count and is never evicted.
+  auto h = [&] {
+    auto c = std::make_unique<RawConn>(server.address(), server.port());
+    EXPECT_TRUE(c->handshake(kToken));
+    return c;
+  }();  // that arrival evicted c2; h itself then authenticated
+  EXPECT_TRUE(c2->closed_by_peer_within(2s));
+  EXPECT_EQ(server.stats().unauthenticated_evicted, 2u);
+  auto c5 = connect();  // c3, c4, c5: at the bound, nothing evicted
+  EXPECT_EQ(server.stats().unauthenticated_evicted, 2u);
+  auto c6 = connect();  // evicts c3
+  EXPECT_TRUE(c3->closed_by_peer_within(2s));
+  EXPECT_EQ(server.stats().unauthenticated_evicted, 3u);
+  for (auto* c : {c4.get(), c5.get(), c6.get()}) EXPECT_FALSE(c->closed_by_peer_within(200ms));
+  ASSERT_TRUE(h->send_bytes(proto::encode_request(set_request("h", "still served"))));
+  auto reply = h->read_frame(2s);
+  ASSERT_TRUE(reply.has_value());
+  EXPECT_EQ(proto::decode_reply(proto::MsgType::kSet, *reply).status, proto::Status::kOk);
+  EXPECT_EQ(TcpStore(client_options(server)).get_string("h", 1s), "still served");
 }
 
 // Frames that must be rejected without touching "victim".
@@ -266,6 +319,131 @@ TEST(StoreSecurity, PipelinedRequestsAreAnsweredInOrder) {
   ASSERT_TRUE(r4 && r5);
   EXPECT_EQ(to_string(proto::decode_reply(proto::MsgType::kGet, *r4).value), "L");
   EXPECT_EQ(proto::decode_reply(proto::MsgType::kAdd, *r5).integer, 14);
+}
+
+// ---- the flood ------------------------------------------------------------------------
+
+// Holds `per_thread` idle connections per thread to a server on 127.0.0.1 and
+// opens a new one for every one the server closes: a local user trying to
+// keep every slot of the store busy so that no rank can join.
+class Flood {
+ public:
+  Flood(int port, int threads, int per_thread) {
+    for (int t = 0; t < threads; ++t) threads_.emplace_back([this, port, per_thread] { run(port, per_thread); });
+  }
+  ~Flood() {
+    stop_ = true;
+    for (auto& t : threads_) t.join();
+  }
+  uint64_t opened() const { return opened_.load(); }
+  uint64_t closed_by_server() const { return closed_.load(); }
+
+ private:
+  void run(int port, int target) {
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    std::vector<pollfd> fds;
+    uint8_t buf[256];
+    while (!stop_) {
+      while (static_cast<int>(fds.size()) < target && !stop_) {
+        int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        if (fd < 0) break;
+        if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 && errno != EINPROGRESS) {
+          ::close(fd);
+          break;
+        }
+        fds.push_back({fd, POLLIN | POLLRDHUP, 0});
+        ++opened_;
+      }
+      ::poll(fds.data(), fds.size(), 5);
+      for (size_t i = 0; i < fds.size();) {
+        bool gone = false;
+        if (fds[i].revents != 0) {
+          ssize_t r = ::recv(fds[i].fd, buf, sizeof(buf), 0);  // the hello, or the end
+          gone = r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+        }
+        if (gone) {
+          ::close(fds[i].fd);
+          ++closed_;
+          fds[i] = fds.back();
+          fds.pop_back();
+        } else {
+          fds[i++].revents = 0;
+        }
+      }
+    }
+    for (auto& p : fds) ::close(p.fd);
+  }
+
+  std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> opened_{0}, closed_{0};
+  std::vector<std::thread> threads_;
+};
+
+// The server with the options the bootstrap uses, flooded from loopback by
+// more idle connections than it has slots, refilled as fast as it closes
+// them; ranks from the same address join meanwhile.
+TEST(StoreSecurity, LoopbackFloodDoesNotDelayJoiningClients) {
+  constexpr int kFloodThreads = 2, kPerThread = 3000;  // 6000 > the 4096 slots
+  rlimit lim{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &lim), 0);
+  lim.rlim_cur = lim.rlim_max;
+  ::setrlimit(RLIMIT_NOFILE, &lim);
+  if (lim.rlim_cur < 4096 + kFloodThreads * kPerThread + 256) {
+    GTEST_SKIP() << "needs " << 4096 + kFloodThreads * kPerThread + 256 << " file descriptors, the limit is "
+                 << lim.rlim_cur;
+  }
+  TcpStoreServer server(server_options());
+  Flood flood(server.port(), kFloodThreads, kPerThread);
+  auto t_flood = std::chrono::steady_clock::now();
+  while (flood.opened() < static_cast<uint64_t>(kFloodThreads * kPerThread) && seconds_since(t_flood) < 20) {
+    std::this_thread::sleep_for(10ms);
+  }
+  std::this_thread::sleep_for(300ms);  // let the server fill up
+
+  // Rounds apart, so that the joins sample the flood's steady state over
+  // seconds, not just its start.
+  constexpr int kRounds = 4, kRanks = 4;
+  std::vector<double> latency;
+  std::mutex mu;
+  for (int round = 0; round < kRounds; ++round) {
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < kRanks; ++r) {
+      ranks.emplace_back([&] {
+        auto o = client_options(server);
+        o.connect_timeout = 20s;  // long enough to measure what the flood costs
+        auto t0 = std::chrono::steady_clock::now();
+        try {
+          TcpStore c(o);
+          c.add("joined", 1);
+          double dt = seconds_since(t0);
+          std::lock_guard<std::mutex> lock(mu);
+          latency.push_back(dt);
+        } catch (const std::exception& e) {
+          ADD_FAILURE() << "a client could not join during the flood after " << seconds_since(t0)
+                        << " s: " << e.what();
+        }
+      });
+    }
+    for (auto& t : ranks) t.join();
+    std::this_thread::sleep_for(500ms);
+  }
+  const uint64_t closed = flood.closed_by_server();
+  const double held_s = seconds_since(t_flood);
+  std::sort(latency.begin(), latency.end());
+  std::printf("flood: %llu connections opened, %llu closed by the server in %.1f s; %zu of %d clients joined, "
+              "join latency median %.3f s, max %.3f s\n",
+              static_cast<unsigned long long>(flood.opened()), static_cast<unsigned long long>(closed), held_s,
+              latency.size(), kRounds * kRanks, latency.empty() ? 0.0 : latency[latency.size() / 2],
+              latency.empty() ? 0.0 : latency.back());
+  EXPECT_EQ(latency.size(), static_cast<size_t>(kRounds * kRanks));
+  for (double dt : latency) EXPECT_LT(dt, 2.0);
+  // The server closed the flood's connections rather than the ranks'...
+  EXPECT_GT(closed, static_cast<uint64_t>(kFloodThreads * kPerThread - 4096));
+  // ...and the server still serves everyone who joined.
+  EXPECT_EQ(TcpStore(client_options(server)).add("joined", 0), kRounds * kRanks);
 }
 
 // ---- the storm --------------------------------------------------------------------

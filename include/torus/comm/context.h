@@ -17,8 +17,17 @@
 //    port and — if the launcher gave none — a freshly generated job token to
 //    the ranks through MPI.
 //  * Otherwise the token comes from TORUS_JOB_TOKEN (options.job_token). Only
-//    a single-host job whose store listens on loopback may run without one
-//    (a warning says so).
+//    a job whose store listens on loopback (so every rank is on rank 0's
+//    host) may run without one: then rank 0 generates a token and shares it
+//    through a file only this user can read, <runtime dir>/torus-<uid>/
+//    store-<address>-<port>.token (mode 0600 in a 0700 directory; runtime
+//    dir: TORUS_RUNTIME_DIR, else XDG_RUNTIME_DIR, else TMPDIR, else /tmp).
+//    The other ranks wait for it within the store timeout, re-read it if
+//    their token is refused (a stale file of an earlier job on that port),
+//    and rank 0 removes it when its store server shuts down. A directory
+//    that is a symbolic link, another user's, or open to group or others is
+//    refused with InvalidArgument: no rank falls back to a guessable token.
+//    Note [Local job token] in src/comm/store_token.h has the details.
 #pragma once
 
 #include <atomic>
@@ -34,6 +43,8 @@
 #include "torus/comm/types.h"
 
 namespace torus::comm {
+
+class LocalTokenFile;  // private: src/comm/store_token.h
 
 struct InitOptions {
   std::optional<int> rank;
@@ -109,6 +120,7 @@ class Context {
   HostMap hosts_;
   Duration timeout_{0};
   std::shared_ptr<void> mpi_hold_;  // keeps MPI initialised (mpi builds under mpirun)
+  std::unique_ptr<LocalTokenFile> token_file_;  // rank 0 of a loopback job without a token; outlives server_
   std::unique_ptr<TcpStoreServer> server_;
   std::atomic<bool> failed_{false};
   std::shared_ptr<Store> store_;

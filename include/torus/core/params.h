@@ -39,6 +39,10 @@ struct EnvParams {
   std::string socket_ifname;                     // TORUS_SOCKET_IFNAME
   std::string job_token;                         // TORUS_JOB_TOKEN (never logged)
   std::chrono::milliseconds store_timeout{std::chrono::minutes(5)};  // TORUS_STORE_TIMEOUT_MS
+  // Where a loopback job without a token keeps it (Note [Local job token] in
+  // src/comm/store_token.h): TORUS_RUNTIME_DIR, else XDG_RUNTIME_DIR, else
+  // TMPDIR, else /tmp.
+  std::string runtime_dir = "/tmp";
 
   // --- ofi backend ---------------------------------------------------------------
   std::string ofi_provider;                      // TORUS_OFI_PROVIDER, else FI_PROVIDER
