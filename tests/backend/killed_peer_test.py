@@ -79,7 +79,10 @@ def one_rep(args, mpirun, rep):
     env_flags = ["-x", f"TORUS_BACKEND={args.backend}", "-x", f"KILLED_PEER_OUT={out}"]
     for e in args.env:
         env_flags += ["-x", e]
-    cmd = (mpirun + ["--mca", "orte_enable_recovery", "1", "--timeout", str(int(limit_s) + 20)] + env_flags +
+    # mpirun's own --timeout tears down whatever is left shortly after the
+    # limit (ranks stuck in MPI_Finalize included); killing mpirun's process
+    # group is the last resort.
+    cmd = (mpirun + ["--mca", "orte_enable_recovery", "1", "--timeout", str(int(limit_s) + 5)] + env_flags +
            ["-np", str(args.ranks), "/bin/sh", "-c", RANK_SHELL, args.exe, "--victim", str(victim),
             "--fault", args.fault, "--deadline-ms", str(args.deadline_ms), "--kill-delay-ms", str(kill_delay_ms),
             "--out", out])
@@ -102,7 +105,7 @@ def one_rep(args, mpirun, rep):
         except ProcessLookupError:
             pass
     try:
-        p.wait(timeout=15)
+        p.wait(timeout=30)
     except subprocess.TimeoutExpired:
         os.killpg(p.pid, signal.SIGKILL)
         p.wait()

@@ -42,16 +42,14 @@ if(TORUS_WITH_MPI)
   target_link_libraries(torus_mpi_late_shutdown_tests PRIVATE torus_test_main torus_base)
   torus_add_mpi_test(NAME backend_mpi_late_shutdown_np3 TARGET torus_mpi_late_shutdown_tests NP 3
                      LABELS "backend;mpi" TIMEOUT 60)
-endif()
 
-# A peer killed mid-job (SIGKILL inside an all_reduce; repeated, since the
-# shutdown hang it guards against is intermittent) and a peer stopped
-# mid-job (SIGSTOP: alive but never coming back, deterministic), under
-# mpirun with recovery enabled, on every host backend that runs under
-# mpirun: every survivor fails the op with TimeoutError/CommError, and its
-# whole process, teardown included, exits with status 3 within deadline +
-# 30 s (killed_peer_test.py).
-if(TORUS_WITH_MPI)
+  # A peer killed mid-job (SIGKILL inside an all_reduce; repeated, since the
+  # shutdown hang it guards against is intermittent) and a peer stopped
+  # mid-job (SIGSTOP: alive but never coming back, deterministic), under
+  # mpirun with recovery enabled, on every host backend that runs under
+  # mpirun: every survivor fails the op with TimeoutError/CommError, and its
+  # whole process, teardown included, exits with status 3 within deadline +
+  # 30 s (killed_peer_test.py).
   add_executable(torus_killed_peer_check ${CMAKE_CURRENT_LIST_DIR}/killed_peer_check.cpp)
   target_link_libraries(torus_killed_peer_check PRIVATE torus_base)
   target_include_directories(torus_killed_peer_check BEFORE PRIVATE ${TORUS_FMT_SHIM})
