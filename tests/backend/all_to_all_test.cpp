@@ -1,5 +1,6 @@
 // Conformance: all_to_all with equal and uneven splits (counts differing per
-// pair of ranks, zeros included), every dtype.
+// pair of ranks, zeros included), and groups where some ranks' splits are
+// all equal (or all zero) while others' are not; every dtype.
 #include "backend_fixture.h"
 
 namespace torus::comm::test {
@@ -60,6 +61,40 @@ TEST_P(AllToAll, UnevenSplits) {
   run_all_to_all(
       t, [](int s, int d) { return s == 0 ? static_cast<size_t>(d + 3) : size_t{0}; },
       "all_to_all from rank 0 only " + std::string(dtype_name(t)));
+}
+
+// Some ranks' splits are all equal (all zero: a rank with no tokens to route,
+// the normal case of expert parallelism; or all k) while the other ranks'
+// splits differ. A backend must not choose its algorithm from its own counts
+// alone: every rank has to take part in the same collective.
+TEST_P(AllToAll, SomeRanksEqualOthersUneven) {
+  const DType t = GetParam();
+  const int n = world().size();
+  // Ranks `special` send and receive nothing; the others 1..3 elements per
+  // pair (uneven: they send 0 to the special ranks and >= 1 to themselves).
+  auto silent = [](int special) {
+    return [special](int s, int d) {
+      return s == special || d == special ? size_t{0} : static_cast<size_t>((s + 2 * d) % 3 + 1);
+    };
+  };
+  // Rank `special` sends k to everybody and receives k from everybody; the
+  // others 0, 2 or 4 elements to each other (never k), so they are uneven.
+  auto equal_k = [](int special, size_t k) {
+    return [special, k](int s, int d) {
+      return s == special || d == special ? k : static_cast<size_t>((s + 2 * d) % 3) * 2;
+    };
+  };
+  for (int special : {0, n - 1}) {
+    const std::string who = " (rank " + std::to_string(special) + " of " + std::to_string(n) + ") ";
+    run_all_to_all(t, silent(special), "all_to_all one rank all-zero" + who + std::string(dtype_name(t)));
+    for (size_t k : {size_t{5}, size_t{1031}}) {
+      run_all_to_all(t, equal_k(special, k), "all_to_all one rank all-equal" + who + case_name(t, k, false));
+    }
+  }
+  // Only the last rank moves data (to itself); every other rank is idle.
+  run_all_to_all(
+      t, [n](int s, int d) { return s == n - 1 && d == n - 1 ? size_t{3} : size_t{0}; },
+      "all_to_all only the last rank busy " + std::string(dtype_name(t)));
 }
 
 INSTANTIATE_TEST_SUITE_P(AllDTypes, AllToAll, testing::ValuesIn(kAllDTypes), DTypeName());

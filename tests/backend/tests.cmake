@@ -35,4 +35,50 @@ if(TORUS_WITH_MPI)
     torus_add_mpi_test(NAME backend_mpi_shutdown_np${n} TARGET torus_mpi_shutdown_tests NP ${n}
                        LABELS "backend;mpi" TIMEOUT 60)
   endforeach()
+
+  # Shutdown of a healthy job whose last rank releases MPI 12 s after the
+  # others: MPI is still finalized everywhere (its own binary, likewise).
+  add_executable(torus_mpi_late_shutdown_tests ${CMAKE_CURRENT_LIST_DIR}/mpi_late_shutdown_test.cpp)
+  target_link_libraries(torus_mpi_late_shutdown_tests PRIVATE torus_test_main torus_base)
+  torus_add_mpi_test(NAME backend_mpi_late_shutdown_np3 TARGET torus_mpi_late_shutdown_tests NP 3
+                     LABELS "backend;mpi" TIMEOUT 60)
+
+  # A peer killed mid-job (SIGKILL inside an all_reduce; repeated, since the
+  # shutdown hang it guards against is intermittent) and a peer stopped
+  # mid-job (SIGSTOP: alive but never coming back, deterministic), under
+  # mpirun with recovery enabled, on every host backend that runs under
+  # mpirun: every survivor fails the op with TimeoutError/CommError, and its
+  # whole process, teardown included, exits with status 3 within deadline +
+  # 30 s (killed_peer_test.py).
+  add_executable(torus_killed_peer_check ${CMAKE_CURRENT_LIST_DIR}/killed_peer_check.cpp)
+  target_link_libraries(torus_killed_peer_check PRIVATE torus_base)
+  target_include_directories(torus_killed_peer_check BEFORE PRIVATE ${TORUS_FMT_SHIM})
+  target_include_directories(torus_killed_peer_check PRIVATE ${PROJECT_SOURCE_DIR}/include
+                             ${PROJECT_BINARY_DIR}/include)
+  # backend:fault:repetitions
+  set(_peer_fault_cases mpi:kill:5 mpi:stop:1)
+  if(TORUS_WITH_OFI)
+    list(APPEND _peer_fault_cases ofi:kill:2 ofi:stop:1)
+  endif()
+  foreach(_case ${_peer_fault_cases})
+    string(REPLACE ":" ";" _fields "${_case}")
+    list(GET _fields 0 _backend)
+    list(GET _fields 1 _fault)
+    list(GET _fields 2 _reps)
+    set(_name backend_${_backend}_killed_peer)
+    if(_fault STREQUAL "stop")
+      set(_name backend_${_backend}_stopped_peer)
+    endif()
+    set(_env --env TORUS_LOG_LEVEL=warn)
+    if(_backend STREQUAL "ofi")
+      list(APPEND _env --env FI_PROVIDER=shm)
+    endif()
+    add_test(NAME ${_name}
+             COMMAND ${TORUS_PYTHON_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/killed_peer_test.py
+                     --exe $<TARGET_FILE:torus_killed_peer_check> --backend ${_backend} --fault ${_fault}
+                     --ranks 3 --reps ${_reps} --deadline-ms 3000 --bound-s 30 ${_env}
+                     -- ${TORUS_MPIEXEC} ${TORUS_TEST_MPIRUN_FLAGS})
+    set_tests_properties(${_name} PROPERTIES TIMEOUT 200 PROCESSORS 1
+                         LABELS "multirank;np3;backend;${_backend};fault")
+  endforeach()
 endif()

@@ -18,6 +18,9 @@
 //    all_gather takes in == out + rank*count (MPI_IN_PLACE); reduce_scatter
 //    takes out == in + rank*count (through a temporary, so the other blocks
 //    of `in` are left unchanged). Partially overlapping buffers are undefined.
+//  * all_to_all is always MPI_Ialltoallv, equal splits included, so that
+//    every rank of the group starts the same MPI call whatever its own
+//    counts (all zero, all equal or uneven).
 //  * recv fails with CommError if the matched message holds a different
 //    number of elements than `count`.
 //  * A group of one rank completes collectives at once (copying in to out);

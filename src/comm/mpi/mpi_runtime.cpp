@@ -27,6 +27,10 @@ constexpr int kYieldPolls = 20000;
 constexpr std::chrono::microseconds kMaxIdleSleep{200};
 constexpr std::chrono::milliseconds kAbandonedPoll{10};
 
+// How long the ranks wait for each other at shutdown before MPI_Finalize
+// (Note [Finalize after a failure] in mpi_runtime.h).
+constexpr std::chrono::seconds kShutdownMeetTimeout{10};
+
 // The process-wide singleton: inherent to MPI, which exists once per process
 // and can be initialised once.
 struct Singleton {
@@ -51,6 +55,29 @@ std::string thread_level_name(int level) {
       return "MPI_THREAD_MULTIPLE";
   }
   return fmt::format("thread level {}", level);
+}
+
+// Whether the launcher keeps the other ranks running when one dies: Open
+// MPI's orte_enable_recovery (`mpirun --mca orte_enable_recovery 1`), read
+// through the MPI tool interface. False where the MPI has no such variable.
+bool open_mpi_recovery_enabled() {
+  int provided = 0;
+  if (MPI_T_init_thread(MPI_THREAD_SINGLE, &provided) != MPI_SUCCESS) return false;
+  bool on = false;
+  int index = 0;
+  if (MPI_T_cvar_get_index("orte_enable_recovery", &index) == MPI_SUCCESS) {
+    MPI_T_cvar_handle handle;
+    int count = 0;
+    if (MPI_T_cvar_handle_alloc(index, nullptr, &handle, &count) == MPI_SUCCESS) {
+      // Open MPI writes one byte for a bool variable, four for an int: read
+      // into zeroed storage large enough for either.
+      uint64_t value = 0;
+      if (count == 1 && MPI_T_cvar_read(handle, &value) == MPI_SUCCESS) on = value != 0;
+      MPI_T_cvar_handle_free(&handle);
+    }
+  }
+  MPI_T_finalize();
+  return on;
 }
 
 std::string rank_list(const std::vector<int>& ranks) {
@@ -130,6 +157,7 @@ struct MpiRuntime::Engine {
   int world_size = 1;
   int tag_ub = 32767;  // the minimum the MPI standard guarantees
   bool owns_mpi = false;
+  bool launcher_keeps_survivors = false;
   std::thread::id thread_id;
 
   std::mutex mu;
@@ -144,6 +172,9 @@ struct MpiRuntime::Engine {
   };
   std::vector<std::shared_ptr<MpiOp>> inflight;
   std::vector<Abandoned> abandoned;
+  // The first failure of this process's MPI traffic (Note [Finalize after a
+  // failure]); empty while there was none.
+  std::string failure;
 
   void run(std::promise<void> started);
   void init();
@@ -158,6 +189,9 @@ struct MpiRuntime::Engine {
   void fail(const std::shared_ptr<MpiOp>& op, std::exception_ptr error);
   void fail_comm_ops(const MpiComm* comm, const std::string& reason);
   void retire(MpiComm& comm);
+  void note_failure(const std::string& what);
+  bool meet_peers_for_finalize();
+  bool finalize_mpi();
 };
 
 void MpiRuntime::Engine::run(std::promise<void> started) {
@@ -199,6 +233,7 @@ void MpiRuntime::Engine::init() {
           fmt::format("mpi: MPI provides only {}; Torus needs MPI_THREAD_FUNNELED", thread_level_name(provided)));
     }
     TORUS_CHECK_MPI(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
+    launcher_keeps_survivors = open_mpi_recovery_enabled();
   }
   TORUS_CHECK_MPI(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank));
   TORUS_CHECK_MPI(MPI_Comm_size(MPI_COMM_WORLD, &world_size));
@@ -256,6 +291,7 @@ void MpiRuntime::Engine::loop() {
 void MpiRuntime::Engine::shutdown() {
   for (auto& op : inflight) {
     if (!op->done) {
+      note_failure(fmt::format("{} was still in flight at shutdown", label_of(*op)));
       fail(op, std::make_exception_ptr(CommError(fmt::format(
                    "{}: the MPI runtime shut down (its last backend was destroyed) while the op was in flight",
                    label_of(*op)))));
@@ -264,16 +300,76 @@ void MpiRuntime::Engine::shutdown() {
   inflight.clear();
   poll_abandoned();
   if (!abandoned.empty()) {
+    note_failure(fmt::format("{} MPI request(s) of failed ops never completed", abandoned.size()));
     TORUS_LOG_WARN("mpi: {} MPI request(s) of failed ops never completed; {} with them pending", abandoned.size(),
-                   owns_mpi ? "finalizing MPI" : "leaving MPI");
+                   owns_mpi ? "shutting MPI down" : "leaving MPI");
   }
-  if (owns_mpi) {
-    int rc = MPI_Finalize();
-    if (rc != MPI_SUCCESS) TORUS_LOG_ERROR("mpi: MPI_Finalize failed: {}", mpi_error_string(rc));
-    TORUS_LOG_DEBUG("mpi: MPI finalized");
+  if (owns_mpi && !finalize_mpi()) {
+    // MPI stays up until the process exits and may still touch the buffers
+    // of abandoned requests (Note [Abandoned requests]): keep them until then
+    // (reachable, so leak checkers do not report them). Once per process:
+    // MPI cannot be initialised again.
+    static auto* kept_until_exit = new std::vector<Abandoned>();
+    *kept_until_exit = std::move(abandoned);
   }
   // Whatever MPI still referenced is gone with MPI itself.
   abandoned.clear();
+}
+
+// Note [Finalize after a failure]. Returns whether MPI was finalized.
+bool MpiRuntime::Engine::finalize_mpi() {
+  const bool met = meet_peers_for_finalize();
+  std::string skip;
+  if (!met && !failure.empty()) {
+    skip = fmt::format("this process saw a failure ({})", failure);
+  } else if (!met && launcher_keeps_survivors) {
+    skip = "mpirun runs with orte_enable_recovery, so a missing rank may be dead";
+  }
+  if (!skip.empty()) {
+    TORUS_LOG_WARN(
+        "mpi: not calling MPI_Finalize: not every rank reached shutdown within {} s and {}. MPI_Finalize waits "
+        "for every rank of the job (Open MPI: a PMIx fence), and with a rank dead or stuck it can block this process "
+        "forever. MPI stays initialised until the process exits; mpirun reports that as an abnormal termination "
+        "(and, without --mca orte_enable_recovery 1, ends the other ranks).",
+        kShutdownMeetTimeout.count(), skip);
+    return false;
+  }
+  if (!met) {
+    TORUS_LOG_INFO("mpi: not every rank reached shutdown within {} s; MPI_Finalize waits for the late ones",
+                   kShutdownMeetTimeout.count());
+  }
+  int rc = MPI_Finalize();
+  if (rc != MPI_SUCCESS) TORUS_LOG_ERROR("mpi: MPI_Finalize failed: {}", mpi_error_string(rc));
+  TORUS_LOG_DEBUG("mpi: MPI finalized");
+  return true;
+}
+
+// Every rank meets the others in a barrier on MPI_COMM_WORLD (Torus's own
+// while it owns MPI: the application cannot call MPI under
+// MPI_THREAD_FUNNELED). True if all arrived within kShutdownMeetTimeout. A
+// barrier that did not complete is left to MPI_Finalize or to the exit.
+bool MpiRuntime::Engine::meet_peers_for_finalize() {
+  if (world_size == 1) return true;
+  MPI_Request request = MPI_REQUEST_NULL;
+  if (MPI_Ibarrier(MPI_COMM_WORLD, &request) != MPI_SUCCESS) return false;
+  const auto deadline = Clock::now() + kShutdownMeetTimeout;
+  for (int polls = 0;; ++polls) {
+    int flag = 0;
+    if (MPI_Test(&request, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) return false;
+    if (flag) return true;
+    if (Clock::now() >= deadline) return false;
+    // Open MPI advances the barrier only inside MPI calls: poll often, but
+    // leave the core to the other ranks once the peers are clearly late.
+    if (polls > kYieldPolls) {
+      std::this_thread::sleep_for(kMaxIdleSleep);
+    } else if (polls > kSpinPolls) {
+      std::this_thread::yield();
+    }
+  }
+}
+
+void MpiRuntime::Engine::note_failure(const std::string& what) {
+  if (failure.empty()) failure = what;
 }
 
 void MpiRuntime::Engine::start_op(const std::shared_ptr<MpiOp>& op) {
@@ -292,6 +388,7 @@ void MpiRuntime::Engine::start_op(const std::shared_ptr<MpiOp>& op) {
   }
   if (rc != MPI_SUCCESS) {
     std::string msg = fmt::format("{}: starting the MPI call failed: {}", label_of(*op), mpi_error_string(rc));
+    note_failure(msg);
     comm.mark_broken(msg);
     op->request = MPI_REQUEST_NULL;
     op->work->mark_failed(std::make_exception_ptr(CommError(msg)));
@@ -317,6 +414,7 @@ bool MpiRuntime::Engine::poll_inflight() {
     int rc = MPI_Test(&op->request, &flag, &status);
     if (rc != MPI_SUCCESS) {
       std::string msg = fmt::format("{}: MPI reported an error: {}", label_of(*op), mpi_error_string(rc));
+      note_failure(msg);
       op->comm->mark_broken(msg);
       fail(op, std::make_exception_ptr(CommError(msg)));
       fail_comm_ops(op->comm.get(), msg);
@@ -354,6 +452,9 @@ void MpiRuntime::Engine::complete(const std::shared_ptr<MpiOp>& op, const MPI_St
   try {
     if (op->finish) op->finish(status);
   } catch (...) {
+    // A finish step that broke its group (a failed MPI_Comm_split) is a
+    // failure of the MPI traffic; a local check (a short message) is not.
+    if (op->comm->broken()) note_failure(op->comm->broken_reason());
     op->work->mark_failed(std::current_exception());
     return;
   }
@@ -382,6 +483,7 @@ void MpiRuntime::Engine::time_out(const std::shared_ptr<MpiOp>& op) {
       world_rank, label_of(*op), op->timeout.count(), missing_hint_of(*op), g.name);
   TORUS_LOG_ERROR("mpi: {}", msg);
   op->comm->mark_broken(fmt::format("{} timed out after {} ms", label_of(*op), op->timeout.count()));
+  note_failure(op->comm->broken_reason());
   fail(op, std::make_exception_ptr(TimeoutError(msg)));
   fail_comm_ops(op->comm.get(),
                 fmt::format("group '{}' broke while this op was in flight: {}", g.name, op->comm->broken_reason()));
@@ -405,6 +507,7 @@ void MpiRuntime::Engine::fail(const std::shared_ptr<MpiOp>& op, std::exception_p
 }
 
 void MpiRuntime::Engine::fail_comm_ops(const MpiComm* comm, const std::string& reason) {
+  note_failure(reason);
   for (auto& op : inflight) {
     if (!op->done && op->comm.get() == comm) {
       fail(op, std::make_exception_ptr(CommError(fmt::format("{}: {}", label_of(*op), reason))));
@@ -425,7 +528,7 @@ std::shared_ptr<MpiRuntime> MpiRuntime::acquire() {
   std::lock_guard<std::mutex> lock(s.mu);
   if (auto rt = s.instance.lock()) return rt;
   TORUS_CHECK(!s.torus_initialised_mpi, CommError,
-              "mpi: Torus already finalized MPI in this process (its last mpi backend was destroyed) and MPI "
+              "mpi: Torus already shut MPI down in this process (its last mpi backend was destroyed) and MPI "
               "cannot be initialised twice; keep one mpi backend (or mpi_runtime_hold()) alive for the whole job");
   std::shared_ptr<MpiRuntime> rt(new MpiRuntime());
   s.instance = rt;

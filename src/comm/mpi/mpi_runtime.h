@@ -37,15 +37,42 @@
 // Lifetime. acquire() returns the running runtime or starts one; the last
 // shared_ptr going away stops the engine: ops still in flight fail with
 // CommError (and are abandoned), then, if Torus initialised MPI, the engine
-// calls MPI_Finalize. Open MPI 4.1 finalizes with abandoned requests pending
-// (checked: timed-out Iallreduce and rendezvous Isend, 2–4 ranks, vader and
-// tcp); its MPI_Finalize is collective (a PMIx fence), so the last release
-// blocks until every rank has released its runtime. MPI cannot be
-// initialised twice per process: once Torus has finalized MPI, acquire()
+// shuts MPI down as Note [Finalize after a failure] says. Open MPI 4.1
+// finalizes with abandoned requests pending (checked: timed-out Iallreduce
+// and rendezvous Isend, 2–4 ranks, vader and tcp). MPI cannot be
+// initialised twice per process: once Torus has shut MPI down, acquire()
 // throws CommError — hold one runtime (a backend, or mpi_runtime_hold() in
 // mpi_bootstrap.h) for the whole job. If the application initialised MPI
 // itself, Torus needs MPI_THREAD_MULTIPLE (it calls MPI from its own thread)
 // and never finalizes.
+//
+// Note [Finalize after a failure]. MPI_Finalize is collective: Open MPI's
+// waits in a PMIx fence for every rank of the job. With a rank stuck it
+// waits for ever, and with a rank dead it sometimes does too (Open MPI 4.1.4
+// under `mpirun --mca orte_enable_recovery 1`: the survivors of a SIGKILLed
+// rank stayed in ompi_mpi_finalize for as long as we waited, 90 s, in 2 of
+// about 35 runs of 6 ranks; a plain C program — MPI_Init, one rank kills
+// itself, the others call MPI_Finalize — in 1 of 80 runs). So the last
+// release first meets the other ranks in an MPI_Ibarrier on MPI_COMM_WORLD,
+// polled for at most kShutdownMeetTimeout (10 s; mpi_runtime.cpp), then:
+//  * every rank arrived: all are alive and about to finalize, so
+//    MPI_Finalize runs (and returns at once);
+//  * a rank is missing and this process saw a failure — an op timed out, an
+//    MPI call failed, a group was aborted or broke, ops were still in flight
+//    at shutdown or requests were abandoned — or mpirun keeps survivors of a
+//    dead rank running (orte_enable_recovery, read through MPI_T): the
+//    runtime does not call MPI_Finalize, and logs a warning saying why. MPI
+//    stays initialised until the process exits (the buffers of abandoned
+//    requests are kept until then); mpirun reports an abnormal termination
+//    and, without recovery, ends the other ranks (a failed job ends either
+//    way). The exit status of the process stays the application's; Torus
+//    never exits it.
+//  * a rank is missing, no failure was seen and mpirun would end the job if
+//    a rank died: the missing rank is late, not dead, and MPI_Finalize waits
+//    for it as MPI always does.
+// A failed process thus leaves within the meet timeout of its last release;
+// a healthy job whose ranks finish within it of one another finalizes
+// normally.
 #pragma once
 
 #include <mpi.h>
@@ -145,7 +172,9 @@ class MpiRuntime {
   // MPI_THREAD_MULTIPLE.
   static std::shared_ptr<MpiRuntime> acquire();
 
-  // Stops the engine (see Lifetime above). Blocks for MPI_Finalize.
+  // Stops the engine (see Lifetime above). Blocks for the shutdown meeting
+  // of the ranks (at most 10 s) and MPI_Finalize (Note [Finalize after a
+  // failure]).
   ~MpiRuntime();
   MpiRuntime(const MpiRuntime&) = delete;
   MpiRuntime& operator=(const MpiRuntime&) = delete;
