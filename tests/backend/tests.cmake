@@ -36,3 +36,16 @@ if(TORUS_WITH_MPI)
                        LABELS "backend;mpi" TIMEOUT 60)
   endforeach()
 endif()
+
+# The randomized collective test (random_collectives.cpp, docs/testing.md):
+# random ops, dtypes, sizes, groups and placements from a seed, each rank
+# checking its results against an exact reference. One binary for every
+# host backend; bounded runs here, large runs with
+# tests/backend/random_collectives.py.
+add_executable(torus_random_collectives
+  ${CMAKE_CURRENT_LIST_DIR}/random_collectives.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/random_cases.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/random_op.cpp)
+target_link_libraries(torus_random_collectives PRIVATE torus_base)
+target_include_directories(torus_random_collectives BEFORE PRIVATE ${TORUS_FMT_SHIM})
+target_compile_options(torus_random_collectives PRIVATE -Wall -Wextra)
