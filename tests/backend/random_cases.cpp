@@ -372,6 +372,10 @@ Case make_case(uint64_t seed, uint64_t index, const Pool& pool, int world_size, 
     c.ops.push_back(make_op(rng, n, limits, hash2(hash2(seed, index), static_cast<uint64_t>(k) + 1)));
     c.ops.back().group = g;
   }
+  if (c.multi_group()) {
+    c.shuffled = rng.chance(60);
+    c.threaded = rng.chance(40);
+  }
   return c;
 }
 

@@ -129,6 +129,11 @@ struct Case {
   bool split = false;        // a dynamic split of the whole world
   Partition split_partition; // its colors and keys
   std::vector<Op> ops;
+  // Ops on several groups: each rank issues them in an order of its own
+  // (ops of one group keep their order), and with `threaded` from one
+  // thread per group.
+  bool shuffled = false;
+  bool threaded = false;
   bool multi_group() const;
 };
 

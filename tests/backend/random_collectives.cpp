@@ -539,7 +539,10 @@ bool Harness::participants_include_me(const Case& c) const {
 
 void Harness::run_ops(const Case& c) {
   const std::vector<int> who = participants(c);
-  const std::string head = fmt::format("case {} (seed {})", c.index, opt_.seed);
+  const std::string head = fmt::format("case {} (seed {}{})", c.index, opt_.seed,
+                                       c.threaded ? c.shuffled ? ", ops issued in a rank-dependent order, a thread per group"
+                                                               : ", a thread per group"
+                                       : c.shuffled ? ", ops issued in a rank-dependent order" : "");
   auto where = [&](const Op& op) {
     const size_t g = static_cast<size_t>(op.group);
     const auto& m = pool_.groups[g].members;
@@ -548,7 +551,7 @@ void Harness::run_ops(const Case& c) {
   };
   if (opt_.verbose && who[0] == me_) {
     std::string ops;
-    for (const Op& op : c.ops) ops += fmt::format("\n    {} {}", op.describe(), where(op));
+    for (const Op& op : c.ops) ops += fmt::format("\n    {} on group {}", op.describe(), group_label(static_cast<size_t>(op.group)));
     std::printf("random_collectives: %s:%s\n", head.c_str(), ops.c_str());
     std::fflush(stdout);
   }
@@ -581,23 +584,60 @@ void Harness::run_ops(const Case& c) {
   };
   auto group_name = [&](size_t i) { return groups_[static_cast<size_t>(c.ops[mine[i]].group)]->group().name; };
   auto op_name = [&](size_t i) { return std::string(kind_name(c.ops[mine[i]].kind)); };
-  size_t issued = 0;
-  for (size_t i = 0; i < mine.size(); ++i) {
+  // Prepare every op, then issue them all before waiting for any.
+  bool prepared = true;
+  for (size_t i = 0; i < mine.size() && prepared; ++i) {
     const Op& op = c.ops[mine[i]];
     try {
       runs[i] = std::make_unique<OpRun>(op, *groups_[static_cast<size_t>(op.group)], deadline());
-      runs[i]->issue();
-      ++issued;
     } catch (...) {
       auto x = classify(std::current_exception(), op_name(i), group_name(i));
-      note(x.cat, i, "issuing it threw " + x.msg, x.unclear);
-      breaks[i] = true;
-      break;
+      note(x.cat, i, "preparing its buffers threw " + x.msg, x.unclear);
+      prepared = false;
     }
   }
+  std::vector<bool> issued(mine.size(), false);
+  std::vector<std::exception_ptr> issue_error(mine.size());
+  // The order this rank issues in: case order, or (shuffled) grouped by a
+  // rank-dependent key per group, ops of one group keeping their order.
+  std::vector<size_t> order(mine.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  auto group_key = [&](size_t i) {
+    return hash2(c.ops[0].key ^ static_cast<uint64_t>(me_), static_cast<uint64_t>(c.ops[mine[i]].group));
+  };
+  if (c.shuffled) {
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return group_key(a) < group_key(b); });
+  }
+  auto issue_in_order = [&](const std::vector<size_t>& list) {
+    for (size_t i : list) {
+      try {
+        runs[i]->issue();
+        issued[i] = true;
+      } catch (...) {
+        issue_error[i] = std::current_exception();
+        return;  // later ops of this list would be matched against the wrong peers' ops
+      }
+    }
+  };
+  if (prepared && c.threaded) {
+    std::map<int, std::vector<size_t>> by_group;
+    for (size_t i : order) by_group[c.ops[mine[i]].group].push_back(i);
+    std::vector<std::thread> threads;
+    for (auto& [g, list] : by_group) threads.emplace_back(issue_in_order, std::cref(list));
+    for (auto& t : threads) t.join();
+  } else if (prepared) {
+    issue_in_order(order);
+  }
+  for (size_t i = 0; i < mine.size(); ++i) {
+    if (!issue_error[i]) continue;
+    auto x = classify(issue_error[i], op_name(i), group_name(i));
+    note(x.cat, i, "issuing it threw " + x.msg, x.unclear);
+    breaks[i] = true;
+  }
+  if (!prepared) std::fill(breaks.begin(), breaks.end(), true);
   for (size_t i = 0; i < runs.size(); ++i) {
     if (!runs[i]) continue;
-    bool fine = i < issued;
+    bool fine = issued[i];
     for (auto& w : runs[i]->works()) {
       const auto guard = w.at + deadline() + milliseconds(kGraceMs);
       try {
