@@ -376,6 +376,9 @@ Case make_case(uint64_t seed, uint64_t index, const Pool& pool, int world_size, 
     c.shuffled = rng.chance(60);
     c.threaded = rng.chance(40);
   }
+  const int w = rng.below(4);
+  c.wait = w < 2 ? WaitStyle::kWaitTimeout : w == 2 ? WaitStyle::kWait : WaitStyle::kPoll;
+  c.reverse_wait = c.ops.size() > 1 && rng.chance(50);
   return c;
 }
 

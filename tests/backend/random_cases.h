@@ -121,6 +121,11 @@ struct Limits {
   bool allow_splits = true;            // dynamic split cases
 };
 
+// How a rank waits for its Works: wait(timeout) up to a little past the
+// deadline, wait() (the backend's deadline must end it), or polling
+// is_completed() (progress must not depend on a waiter).
+enum class WaitStyle : uint8_t { kWaitTimeout, kWait, kPoll };
+
 // A case: one op, or a batch of ops on one group or on several groups (each
 // rank issues all of its own, in order, before waiting for any), or a
 // split of the world.
@@ -134,6 +139,8 @@ struct Case {
   // thread per group.
   bool shuffled = false;
   bool threaded = false;
+  WaitStyle wait = WaitStyle::kWaitTimeout;
+  bool reverse_wait = false;  // wait for the Works last to first
   bool multi_group() const;
 };
 

@@ -539,10 +539,13 @@ bool Harness::participants_include_me(const Case& c) const {
 
 void Harness::run_ops(const Case& c) {
   const std::vector<int> who = participants(c);
-  const std::string head = fmt::format("case {} (seed {}{})", c.index, opt_.seed,
-                                       c.threaded ? c.shuffled ? ", ops issued in a rank-dependent order, a thread per group"
-                                                               : ", a thread per group"
-                                       : c.shuffled ? ", ops issued in a rank-dependent order" : "");
+  std::string how;
+  if (c.shuffled) how += ", ops issued in a rank-dependent order";
+  if (c.threaded) how += ", a thread per group";
+  if (c.wait == WaitStyle::kWait) how += ", waited with wait()";
+  if (c.wait == WaitStyle::kPoll) how += ", waited by polling is_completed()";
+  if (c.reverse_wait) how += ", waited for in reverse order";
+  const std::string head = fmt::format("case {} (seed {}{})", c.index, opt_.seed, how);
   auto where = [&](const Op& op) {
     const size_t g = static_cast<size_t>(op.group);
     const auto& m = pool_.groups[g].members;
@@ -635,25 +638,46 @@ void Harness::run_ops(const Case& c) {
     breaks[i] = true;
   }
   if (!prepared) std::fill(breaks.begin(), breaks.end(), true);
+  // Wait for every Work (in reverse order in some batches), the way the
+  // case says: wait(timeout), wait(), or polling is_completed().
+  std::vector<std::pair<size_t, OpRun::Issued*>> waits;
   for (size_t i = 0; i < runs.size(); ++i) {
     if (!runs[i]) continue;
-    bool fine = issued[i];
-    for (auto& w : runs[i]->works()) {
-      const auto guard = w.at + deadline() + milliseconds(kGraceMs);
-      try {
-        w.work->wait(std::max(milliseconds(1), std::chrono::duration_cast<milliseconds>(guard - Clock::now())));
-      } catch (...) {
-        fine = false;
-        auto x = classify(std::current_exception(), op_name(i), group_name(i));
-        if (!w.work->is_completed()) {
-          x.msg = fmt::format("still not complete {} ms past its {} ms deadline (the backend did not enforce it): {}",
-                              kGraceMs, opt_.deadline_ms, x.msg);
-        }
-        note(x.cat, i, x.msg, x.unclear);
-        breaks[i] = true;
+    for (auto& w : runs[i]->works()) waits.emplace_back(i, &w);
+  }
+  if (c.reverse_wait) std::reverse(waits.begin(), waits.end());
+  std::vector<bool> fine(runs.size());
+  for (size_t i = 0; i < runs.size(); ++i) fine[i] = issued[i];
+  for (auto [i, w] : waits) {
+    const auto guard = w->at + deadline() + milliseconds(kGraceMs);
+    auto left = [&] { return std::max(milliseconds(1), std::chrono::duration_cast<milliseconds>(guard - Clock::now())); };
+    try {
+      switch (c.wait) {
+        case WaitStyle::kWait:
+          w->work->wait();  // the backend's deadline must end it (else the watchdog does)
+          break;
+        case WaitStyle::kPoll:
+          while (!w->work->is_completed() && Clock::now() < guard) std::this_thread::sleep_for(std::chrono::microseconds(20));
+          w->work->wait(left());
+          break;
+        case WaitStyle::kWaitTimeout:
+          w->work->wait(left());
+          break;
       }
+    } catch (...) {
+      fine[i] = false;
+      auto x = classify(std::current_exception(), op_name(i), group_name(i));
+      if (!w->work->is_completed()) {
+        x.msg = fmt::format("still not complete {} ms past its {} ms deadline (the backend did not enforce it): {}",
+                            kGraceMs, opt_.deadline_ms, x.msg);
+      }
+      note(x.cat, i, x.msg, x.unclear);
+      breaks[i] = true;
     }
-    if (!fine) {
+  }
+  for (size_t i = 0; i < runs.size(); ++i) {
+    if (!runs[i]) continue;
+    if (!fine[i]) {
       // A failed op's buffers may still be written by a late peer (Note
       // [Abandoned requests] in mpi_runtime.h: raw buffers must then stay
       // valid until the process exits), and one never issued may share a
