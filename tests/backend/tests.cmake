@@ -54,7 +54,7 @@ target_compile_options(torus_random_collectives PRIVATE -Wall -Wextra)
 # on shm, ofi on tcp over loopback (every collective over the provider) and
 # ofi with an injected host map (hierarchical paths, uneven hosts for 3 and
 # 5 ranks, interleaved for 6); the netns runs need root (skipped elsewhere).
-set(_rc_args --cases 300 --max-bytes 256K --deadline-ms 10000)
+set(_rc_args --cases 300 --max-bytes 256K --deadline-ms 5000)
 if(TORUS_WITH_MPI)
   foreach(n 3 5 6)
     torus_add_mpi_test(NAME random_collectives_mpi_np${n} TARGET torus_random_collectives NP ${n} ARGS ${_rc_args}
