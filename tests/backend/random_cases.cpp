@@ -356,7 +356,7 @@ Case make_case(uint64_t seed, uint64_t index, const Pool& pool, int world_size, 
   Rng rng(hash2(seed, index));
   Case c;
   c.index = index;
-  if (limits.allow_splits && rng.chance(2)) {
+  if (rng.chance(2)) {
     c.split = true;
     c.split_partition = random_partition(rng, world_size);
     return c;

@@ -115,10 +115,9 @@ struct Pool {
 };
 Pool make_pool(uint64_t seed, int world_size, int random_partitions);
 
-// Case generation limits.
+// Case generation limits (cases depend on them: rerun a case with the same).
 struct Limits {
   size_t max_bytes = size_t{1} << 20;  // the largest buffer of any rank in any op
-  bool allow_splits = true;            // dynamic split cases
 };
 
 // How a rank waits for its Works: wait(timeout) up to a little past the

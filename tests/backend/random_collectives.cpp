@@ -341,7 +341,6 @@ void Harness::boot() {
   }
   ctl_ = std::make_shared<PrefixStore>("random-collectives", ctx_->store());
   limits_.max_bytes = opt_.max_bytes;
-  limits_.allow_splits = true;
 }
 
 std::string Harness::group_label(size_t g) const {
@@ -1052,6 +1051,11 @@ int Harness::finish() {
       }
     }
     if (total > shown) std::printf("  ... %zu more failure reports (every rank prints its own to stderr)\n", total - shown);
+    if (total > 0) {
+      std::printf("  rerun one case K: the same launch (ranks, backend, --hosts) with --seed %llu --max-bytes %zu "
+                  "--first K --cases 1\n",
+                  static_cast<unsigned long long>(opt_.seed), opt_.max_bytes);
+    }
     if (!opt_.inject.empty()) {
       size_t counted = 0;
       for (const Injection& inj : opt_.inject) {
