@@ -2,13 +2,13 @@
 // (random_cases.h).
 #include "random_cases.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstring>
 #include <set>
-
-#include <fmt/format.h>
 
 namespace torus::comm::rc {
 namespace {
@@ -25,9 +25,9 @@ class Rng {
   // Log-uniform in [lo, hi], lo >= 1.
   size_t log_uniform(size_t lo, size_t hi) {
     if (hi <= lo) return lo;
-    double x = std::log(static_cast<double>(lo)) +
-               (std::log(static_cast<double>(hi)) - std::log(static_cast<double>(lo))) *
-                   (static_cast<double>(g_() >> 11) * 0x1p-53);
+    double x =
+        std::log(static_cast<double>(lo)) + (std::log(static_cast<double>(hi)) - std::log(static_cast<double>(lo))) *
+                                                (static_cast<double>(g_() >> 11) * 0x1p-53);
     return std::clamp(static_cast<size_t>(std::exp(x)), lo, hi);
   }
 
@@ -41,8 +41,19 @@ class Rng {
 // and zero-copy limits (64 KiB), segment stripes (64-128 KiB), the tree
 // limit (256 KiB), the pipeline chunk (512 KiB), the stripe cap and stage
 // size (1-2 MiB), and non-temporal stores (16 MiB).
-constexpr size_t kThresholds[] = {56,     64,      4096,    8192,        16384,       32768,      65536,
-                                  131072, 262144,  524288,  size_t{1} << 20, size_t{2} << 20, size_t{4} << 20,
+constexpr size_t kThresholds[] = {56,
+                                  64,
+                                  4096,
+                                  8192,
+                                  16384,
+                                  32768,
+                                  65536,
+                                  131072,
+                                  262144,
+                                  524288,
+                                  size_t{1} << 20,
+                                  size_t{2} << 20,
+                                  size_t{4} << 20,
                                   size_t{16} << 20};
 
 // Bytes of one buffer, before clamping to whole elements and to max_bytes.
@@ -74,7 +85,7 @@ size_t pick_count(Rng& rng, size_t elt, size_t cap_bytes) {
 
 DType pick_dtype(Rng& rng) {
   // f16, bf16 and f32 more often: they carry the rounding contract.
-  static constexpr DType kWeighted[] = {DType::kF32, DType::kF32, DType::kF64, DType::kF16, DType::kF16,
+  static constexpr DType kWeighted[] = {DType::kF32,  DType::kF32,  DType::kF64, DType::kF16, DType::kF16,
                                         DType::kBF16, DType::kBF16, DType::kI32, DType::kI64, DType::kU8};
   return kWeighted[rng.below(std::size(kWeighted))];
 }
@@ -194,11 +205,19 @@ Op make_op(Rng& rng, int n, const Limits& limits, uint64_t key) {
   const bool half = op.dtype == DType::kF16 || op.dtype == DType::kBF16;
   if (reduction && half && op.rop == ReduceOp::kSum && rng.chance(35)) op.values = Values::kProbe;
   switch (op.dtype) {
-    case DType::kF16: op.scale = -rng.below(5); break;    // [-4, 0]: sums stay below 65504
-    case DType::kBF16: op.scale = rng.below(17) - 8; break;
+    case DType::kF16:
+      op.scale = -rng.below(5);
+      break;  // [-4, 0]: sums stay below 65504
+    case DType::kBF16:
+      op.scale = rng.below(17) - 8;
+      break;
     case DType::kF32:
-    case DType::kF64: op.scale = rng.below(33) - 16; break;
-    default: op.scale = 0; break;
+    case DType::kF64:
+      op.scale = rng.below(33) - 16;
+      break;
+    default:
+      op.scale = 0;
+      break;
   }
   pick_places(rng, op, n);
   return op;
@@ -228,18 +247,26 @@ uint16_t bf16_bits(double v) {
   return static_cast<uint16_t>(std::bit_cast<uint32_t>(static_cast<float>(round_to_bits(v, 8))) >> 16);
 }
 
-bool is_float(DType t) { return dtype_is_floating(t); }
+bool is_float(DType t) {
+  return dtype_is_floating(t);
+}
 
 // The value grid of one floating reduction: inputs are k * 2^scale.
-double grid(const Op& op) { return std::ldexp(1.0, op.scale); }
+double grid(const Op& op) {
+  return std::ldexp(1.0, op.scale);
+}
 
 // Input of a floating dtype rounded so that it is representable.
 double representable(DType t, double v) {
   switch (t) {
-    case DType::kF16: return round_to_bits(v, 11);
-    case DType::kBF16: return round_to_bits(v, 8);
-    case DType::kF32: return round_to_bits(v, 24);
-    default: return v;
+    case DType::kF16:
+      return round_to_bits(v, 11);
+    case DType::kBF16:
+      return round_to_bits(v, 8);
+    case DType::kF32:
+      return round_to_bits(v, 24);
+    default:
+      return v;
   }
 }
 
@@ -251,24 +278,36 @@ int64_t signed_in(uint64_t u, int64_t bound) {  // uniform in [-bound, bound], b
 
 std::string_view kind_name(Kind k) {
   switch (k) {
-    case Kind::kAllReduce: return "all_reduce";
-    case Kind::kReduceScatter: return "reduce_scatter";
-    case Kind::kAllGather: return "all_gather";
-    case Kind::kAllToAll: return "all_to_all";
-    case Kind::kBroadcast: return "broadcast";
-    case Kind::kReduce: return "reduce";
-    case Kind::kSendRecv: return "send_recv";
-    case Kind::kBarrier: return "barrier";
+    case Kind::kAllReduce:
+      return "all_reduce";
+    case Kind::kReduceScatter:
+      return "reduce_scatter";
+    case Kind::kAllGather:
+      return "all_gather";
+    case Kind::kAllToAll:
+      return "all_to_all";
+    case Kind::kBroadcast:
+      return "broadcast";
+    case Kind::kReduce:
+      return "reduce";
+    case Kind::kSendRecv:
+      return "send_recv";
+    case Kind::kBarrier:
+      return "barrier";
   }
   return "?";
 }
 
 std::string_view place_name(Place p) {
   switch (p) {
-    case Place::kHeap: return "heap";
-    case Place::kHeapOffset: return "heap+1";
-    case Place::kShared: return "shared";
-    case Place::kSharedOffset: return "shared+1";
+    case Place::kHeap:
+      return "heap";
+    case Place::kHeapOffset:
+      return "heap+1";
+    case Place::kShared:
+      return "shared";
+    case Place::kSharedOffset:
+      return "shared+1";
   }
   return "?";
 }
@@ -283,8 +322,9 @@ std::string Op::describe() const {
     const size_t n = static_cast<size_t>(std::sqrt(static_cast<double>(a2a.size())) + 0.5);
     s += " counts [";
     for (size_t r = 0; r < n; ++r) {
-      s += fmt::format("{}[{}]", r ? " " : "", fmt::join(a2a.begin() + static_cast<long>(r * n),
-                                                         a2a.begin() + static_cast<long>((r + 1) * n), ","));
+      s += fmt::format(
+          "{}[{}]", r ? " " : "",
+          fmt::join(a2a.begin() + static_cast<long>(r * n), a2a.begin() + static_cast<long>((r + 1) * n), ","));
     }
     s += "] (row = sender)";
   } else if (kind == Kind::kSendRecv) {
@@ -399,7 +439,9 @@ void encode(DType t, const Num& v, void* p) {
       std::memcpy(p, &f, 4);
       break;
     }
-    case DType::kF64: std::memcpy(p, &v.f, 8); break;
+    case DType::kF64:
+      std::memcpy(p, &v.f, 8);
+      break;
     case DType::kF16: {
       _Float16 h = static_cast<_Float16>(representable(t, v.f));  // exact after the rounding
       std::memcpy(p, &h, 2);
@@ -415,7 +457,9 @@ void encode(DType t, const Num& v, void* p) {
       std::memcpy(p, &x, 4);
       break;
     }
-    case DType::kI64: std::memcpy(p, &v.i, 8); break;
+    case DType::kI64:
+      std::memcpy(p, &v.i, 8);
+      break;
     case DType::kU8: {
       uint8_t x = static_cast<uint8_t>(v.i);
       std::memcpy(p, &x, 1);
@@ -433,7 +477,9 @@ Num decode(DType t, const void* p) {
       v.f = f;
       break;
     }
-    case DType::kF64: std::memcpy(&v.f, p, 8); break;
+    case DType::kF64:
+      std::memcpy(&v.f, p, 8);
+      break;
     case DType::kF16: {
       _Float16 h;
       std::memcpy(&h, p, 2);
@@ -452,8 +498,12 @@ Num decode(DType t, const void* p) {
       v.i = x;
       break;
     }
-    case DType::kI64: std::memcpy(&v.i, p, 8); break;
-    case DType::kU8: v.i = *static_cast<const uint8_t*>(p); break;
+    case DType::kI64:
+      std::memcpy(&v.i, p, 8);
+      break;
+    case DType::kU8:
+      v.i = *static_cast<const uint8_t*>(p);
+      break;
   }
   return v;
 }
@@ -493,13 +543,27 @@ void ReductionInputs::column(size_t i, Num* out) const {
     for (int r = 0; r < n; ++r) {
       const uint64_t x = u(r);
       switch (t) {
-        case DType::kF16: out[r].f = static_cast<double>(signed_in(x, 2047)) * grid(op_); break;
-        case DType::kBF16: out[r].f = static_cast<double>(signed_in(x, 255)) * grid(op_); break;
-        case DType::kF32: out[r].f = static_cast<double>(signed_in(x, (1 << 24) - 1)) * grid(op_); break;
-        case DType::kF64: out[r].f = static_cast<double>(signed_in(x, int64_t{1} << 52)) * grid(op_); break;
-        case DType::kI32: out[r].i = static_cast<int32_t>(x); break;
-        case DType::kI64: out[r].i = static_cast<int64_t>(x); break;
-        case DType::kU8: out[r].i = static_cast<uint8_t>(x); break;
+        case DType::kF16:
+          out[r].f = static_cast<double>(signed_in(x, 2047)) * grid(op_);
+          break;
+        case DType::kBF16:
+          out[r].f = static_cast<double>(signed_in(x, 255)) * grid(op_);
+          break;
+        case DType::kF32:
+          out[r].f = static_cast<double>(signed_in(x, (1 << 24) - 1)) * grid(op_);
+          break;
+        case DType::kF64:
+          out[r].f = static_cast<double>(signed_in(x, int64_t{1} << 52)) * grid(op_);
+          break;
+        case DType::kI32:
+          out[r].i = static_cast<int32_t>(x);
+          break;
+        case DType::kI64:
+          out[r].i = static_cast<int64_t>(x);
+          break;
+        case DType::kU8:
+          out[r].i = static_cast<uint8_t>(x);
+          break;
       }
       // Every rank sees many equal values in small types; ties are fine.
     }
@@ -522,7 +586,10 @@ void ReductionInputs::column(size_t i, Num* out) const {
   }
   if (op_.rop == ReduceOp::kAvg && floating_) {
     // Integers whose sum is a multiple of n: the quotient is exact.
-    int64_t bound = t == DType::kBF16 ? 200 : t == DType::kF16 ? 2000 : t == DType::kF32 ? (1 << 20) : (int64_t{1} << 40);
+    int64_t bound = t == DType::kBF16  ? 200
+                    : t == DType::kF16 ? 2000
+                    : t == DType::kF32 ? (1 << 20)
+                                       : (int64_t{1} << 40);
     int64_t sum = 0;
     for (int r = 0; r < n; ++r) {
       int64_t v = signed_in(u(r), bound);
@@ -544,11 +611,21 @@ void ReductionInputs::column(size_t i, Num* out) const {
         out[r].f = representable(t, static_cast<double>(signed_in(x, bound)) * grid(op_));
         break;
       }
-      case DType::kF32: out[r].f = static_cast<double>(signed_in(x, (int64_t{1} << 23) / n)) * grid(op_); break;
-      case DType::kF64: out[r].f = static_cast<double>(signed_in(x, (int64_t{1} << 52) / n)) * grid(op_); break;
-      case DType::kI32: out[r].i = signed_in(x, (int64_t{1} << 31) / n - 1); break;
-      case DType::kI64: out[r].i = signed_in(x, (int64_t{1} << 62) / n); break;
-      case DType::kU8: out[r].i = static_cast<int64_t>(x % static_cast<uint64_t>(255 / n + 1)); break;
+      case DType::kF32:
+        out[r].f = static_cast<double>(signed_in(x, (int64_t{1} << 23) / n)) * grid(op_);
+        break;
+      case DType::kF64:
+        out[r].f = static_cast<double>(signed_in(x, (int64_t{1} << 52) / n)) * grid(op_);
+        break;
+      case DType::kI32:
+        out[r].i = signed_in(x, (int64_t{1} << 31) / n - 1);
+        break;
+      case DType::kI64:
+        out[r].i = signed_in(x, (int64_t{1} << 62) / n);
+        break;
+      case DType::kU8:
+        out[r].i = static_cast<int64_t>(x % static_cast<uint64_t>(255 / n + 1));
+        break;
     }
   }
 }
@@ -594,14 +671,14 @@ std::string check_reference() {
     int64_t want_i;
   };
   const Known known[] = {
-      {DType::kBF16, ReduceOp::kSum, {256, 1, 1, 0}, {}, 258, 0},     // rounded once, not 256 (twice)
+      {DType::kBF16, ReduceOp::kSum, {256, 1, 1, 0}, {}, 258, 0},  // rounded once, not 256 (twice)
       {DType::kF16, ReduceOp::kSum, {2048, 1, 1, 0}, {}, 2050, 0},
-      {DType::kBF16, ReduceOp::kSum, {256, 1}, {}, 256, 0},           // a tie goes to even
-      {DType::kBF16, ReduceOp::kSum, {256, 1, 1, 1}, {}, 260, 0},     // 259 is a tie too
+      {DType::kBF16, ReduceOp::kSum, {256, 1}, {}, 256, 0},        // a tie goes to even
+      {DType::kBF16, ReduceOp::kSum, {256, 1, 1, 1}, {}, 260, 0},  // 259 is a tie too
       {DType::kF16, ReduceOp::kSum, {-2048, -1, -1, -1, 0}, {}, -2052, 0},
       {DType::kBF16, ReduceOp::kAvg, {3, 4, 5}, {}, 4, 0},
       {DType::kF32, ReduceOp::kProd, {-2, 0.5, 2}, {}, -2, 0},
-      {DType::kI32, ReduceOp::kAvg, {}, {-4, -3}, 0, -3},            // -7 / 2 truncates toward zero
+      {DType::kI32, ReduceOp::kAvg, {}, {-4, -3}, 0, -3},  // -7 / 2 truncates toward zero
       {DType::kU8, ReduceOp::kAvg, {}, {200, 55, 0}, 0, 85},
       {DType::kI64, ReduceOp::kMin, {}, {INT64_MIN, 5}, 0, INT64_MIN},
   };

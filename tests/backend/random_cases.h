@@ -46,9 +46,20 @@ constexpr uint64_t mix64(uint64_t x) {
   x ^= x >> 33;
   return x;
 }
-constexpr uint64_t hash2(uint64_t a, uint64_t b) { return mix64(a ^ mix64(b + 0x9e3779b97f4a7c15ull)); }
+constexpr uint64_t hash2(uint64_t a, uint64_t b) {
+  return mix64(a ^ mix64(b + 0x9e3779b97f4a7c15ull));
+}
 
-enum class Kind : uint8_t { kAllReduce, kReduceScatter, kAllGather, kAllToAll, kBroadcast, kReduce, kSendRecv, kBarrier };
+enum class Kind : uint8_t {
+  kAllReduce,
+  kReduceScatter,
+  kAllGather,
+  kAllToAll,
+  kBroadcast,
+  kReduce,
+  kSendRecv,
+  kBarrier
+};
 inline constexpr int kNumKinds = 8;
 std::string_view kind_name(Kind k);
 
@@ -74,16 +85,16 @@ struct Op {
   // all_reduce, reduce, broadcast: the buffer; reduce_scatter: one block
   // (the output); all_gather: one rank's input.
   size_t count = 0;
-  int root = 0;                  // broadcast, reduce (group rank)
+  int root = 0;  // broadcast, reduce (group rank)
   bool in_place = false;
-  bool null_out = false;         // reduce: non-roots pass out == nullptr
+  bool null_out = false;  // reduce: non-roots pass out == nullptr
   Values values = Values::kRandom;
-  int scale = 0;                 // exponent of the value grid (floating reductions)
-  std::vector<size_t> a2a;       // all_to_all: n x n counts, [src * n + dst]
-  std::vector<Message> msgs;     // send/recv, in the order every rank posts its own
-  std::vector<Place> place;      // per group rank
-  uint64_t key = 0;              // seeds this op's values
-  int group = 0;                 // index into Pool::groups
+  int scale = 0;              // exponent of the value grid (floating reductions)
+  std::vector<size_t> a2a;    // all_to_all: n x n counts, [src * n + dst]
+  std::vector<Message> msgs;  // send/recv, in the order every rank posts its own
+  std::vector<Place> place;   // per group rank
+  uint64_t key = 0;           // seeds this op's values
+  int group = 0;              // index into Pool::groups
   // One line: "all_reduce sum bf16 count 1031 in-place probe".
   std::string describe() const;
 };
@@ -130,8 +141,8 @@ enum class WaitStyle : uint8_t { kWaitTimeout, kWait, kPoll };
 // split of the world.
 struct Case {
   uint64_t index = 0;
-  bool split = false;        // a dynamic split of the whole world
-  Partition split_partition; // its colors and keys
+  bool split = false;         // a dynamic split of the whole world
+  Partition split_partition;  // its colors and keys
   std::vector<Op> ops;
   // Ops on several groups: each rank issues them in an order of its own
   // (ops of one group keep their order), and with `threaded` from one

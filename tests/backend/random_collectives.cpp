@@ -43,7 +43,7 @@
 //                      unclear, nonstd: a failure of that kind is faked on one rank in the first
 //                      suitable case from CASE on, and must be counted like a real one
 //   --verbose          print every case before it runs
-#include <unistd.h>
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <atomic>
@@ -58,10 +58,10 @@
 #include <thread>
 #include <vector>
 
-#include <fmt/format.h>
-
 #include "random_cases.h"
 #include "random_op.h"
+#include "random_options.h"
+#include "random_report.h"
 #include "torus/comm/context.h"
 #include "torus/comm/store.h"
 #include "torus/core/error.h"
@@ -71,156 +71,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
-
-constexpr uint64_t kSetup = UINT64_MAX;  // the case index of setup failures
-
-struct Injection {
-  std::string kind;
-  uint64_t at = 0;
-  uint64_t target = kSetup;  // the case it lands in
-  int rank = -1;             // world rank that fakes it
-};
-
-struct Options {
-  uint64_t seed = 1, first = 0, cases = 200;
-  size_t max_bytes = size_t{1} << 20;
-  int64_t deadline_ms = 30000;
-  int sync_every = 25, max_splits = 200, random_partitions = 6;
-  std::string hosts;
-  std::set<std::string> exclude;
-  std::vector<Injection> inject;
-  bool verbose = false;
-};
-
-[[noreturn]] void usage(const std::string& why) {
-  std::fprintf(stderr,
-               "torus_random_collectives: %s\n"
-               "usage: torus_random_collectives [--seed N] [--cases N] [--first N] [--max-bytes N[K|M]]\n"
-               "  [--deadline-ms N] [--exclude LIST] [--hosts SPEC] [--sync-every N] [--max-splits N]\n"
-               "  [--inject KIND@CASE,...] [--verbose]   (see the top of random_collectives.cpp)\n",
-               why.c_str());
-  std::exit(2);
-}
-
-uint64_t parse_uint(const std::string& name, const std::string& v) {
-  char* end = nullptr;
-  errno = 0;
-  unsigned long long x = std::strtoull(v.c_str(), &end, 10);
-  uint64_t mult = 1;
-  if (end && (*end == 'K' || *end == 'k')) mult = 1024, ++end;
-  if (end && (*end == 'M' || *end == 'm')) mult = 1024 * 1024, ++end;
-  if (errno || v.empty() || v[0] == '-' || !end || *end) usage("bad value for " + name + ": '" + v + "'");
-  return x * mult;
-}
-
-std::vector<std::string> split_list(const std::string& s) {
-  std::vector<std::string> out;
-  size_t pos = 0;
-  while (pos <= s.size()) {
-    size_t comma = s.find(',', pos);
-    if (comma == std::string::npos) comma = s.size();
-    if (comma > pos) out.push_back(s.substr(pos, comma - pos));
-    pos = comma + 1;
-  }
-  return out;
-}
-
-const std::set<std::string>& family_names() {
-  static const std::set<std::string> names = [] {
-    std::set<std::string> s = {"batch", "split", "a2a-mixed-equal", "half-multi-host"};
-    for (int k = 0; k < kNumKinds; ++k) s.insert(std::string(kind_name(static_cast<Kind>(k))));
-    for (DType t : kAllDTypes) s.insert(std::string(dtype_name(t)));
-    return s;
-  }();
-  return names;
-}
-
-Options parse(int argc, char** argv) {
-  Options o;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i], v;
-    if (a == "--help" || a == "-h") usage("randomized collective test");
-    if (a == "--verbose") {
-      o.verbose = true;
-      continue;
-    }
-    if (auto eq = a.find('='); eq != std::string::npos) {
-      v = a.substr(eq + 1);
-      a = a.substr(0, eq);
-    } else {
-      if (i + 1 >= argc) usage("missing value for " + a);
-      v = argv[++i];
-    }
-    if (a == "--seed") o.seed = parse_uint(a, v);
-    else if (a == "--cases") o.cases = parse_uint(a, v);
-    else if (a == "--first") o.first = parse_uint(a, v);
-    else if (a == "--max-bytes") o.max_bytes = parse_uint(a, v);
-    else if (a == "--deadline-ms") o.deadline_ms = static_cast<int64_t>(parse_uint(a, v));
-    else if (a == "--sync-every") o.sync_every = static_cast<int>(std::max<uint64_t>(1, parse_uint(a, v)));
-    else if (a == "--max-splits") o.max_splits = static_cast<int>(parse_uint(a, v));
-    else if (a == "--hosts") o.hosts = v;
-    else if (a == "--exclude") {
-      for (const auto& f : split_list(v)) {
-        if (!family_names().count(f)) usage("unknown case family '" + f + "' in --exclude");
-        o.exclude.insert(f);
-      }
-    } else if (a == "--inject") {
-      for (const auto& item : split_list(v)) {
-        auto at = item.find('@');
-        if (at == std::string::npos) usage("--inject wants KIND@CASE, got '" + item + "'");
-        Injection inj;
-        inj.kind = item.substr(0, at);
-        inj.at = parse_uint(a, item.substr(at + 1));
-        static const std::set<std::string> kinds = {"wrong", "clobber", "hang", "error", "unclear", "nonstd"};
-        if (!kinds.count(inj.kind)) usage("unknown --inject kind '" + inj.kind + "'");
-        o.inject.push_back(inj);
-      }
-    } else {
-      usage("unknown option " + a);
-    }
-  }
-  if (o.deadline_ms <= 0) usage("--deadline-ms must be > 0");
-  return o;
-}
-
-std::vector<int> parse_hosts(const std::string& spec, int n) {
-  std::vector<int> h;
-  auto colon = spec.find(':');
-  if (colon != std::string::npos) {
-    const std::string how = spec.substr(0, colon);
-    const int k = static_cast<int>(parse_uint("--hosts", spec.substr(colon + 1)));
-    if (k < 1) usage("--hosts: at least one host");
-    for (int r = 0; r < n; ++r) {
-      if (how == "blocks") h.push_back(static_cast<int>(static_cast<int64_t>(r) * k / n));
-      else if (how == "cyclic") h.push_back(r % k);
-      else usage("--hosts: unknown layout '" + how + "'");
-    }
-  } else {
-    for (const auto& s : split_list(spec)) h.push_back(static_cast<int>(parse_uint("--hosts", s)));
-  }
-  if (static_cast<int>(h.size()) != n) usage(fmt::format("--hosts '{}' gives {} ranks, the world has {}", spec, h.size(), n));
-  // Renumber by first appearance, as the bootstrap's host map does.
-  std::map<int, int> index;
-  for (int& x : h) x = index.emplace(x, static_cast<int>(index.size())).first->second;
-  return h;
-}
-
-std::string clean(std::string s, size_t max = 2000) {
-  for (char& ch : s) {
-    if (ch == '\n' || ch == '\t' || ch == '\r') ch = ' ';
-  }
-  if (s.size() > max) s = s.substr(0, max) + "...";
-  return s;
-}
-
-struct Record {
-  uint64_t index = 0;
-  Cat cat = Cat::kPass;
-  bool unclear = false;
-  bool injected = false;
-  int rank = 0;
-  std::string msg;
-};
 
 // What an exception was, as a category and a message. "Unclear": not a
 // torus error, or a message that names neither the op nor the group.
@@ -367,7 +217,8 @@ BackendPtr Harness::split_partition(size_t p, const std::string& tag) {
   const Partition& part = pool_.partitions[p];
   const int color = part.color[static_cast<size_t>(me_)];
   ++splits_;
-  return splitter_->split(color, part.key[static_cast<size_t>(me_)], fmt::format("p{}c{}{}", p, color, tag), deadline());
+  return splitter_->split(color, part.key[static_cast<size_t>(me_)], fmt::format("p{}c{}{}", p, color, tag),
+                          deadline());
 }
 
 void Harness::make_pool_groups() {
@@ -413,8 +264,8 @@ void Harness::make_pool_groups() {
         record(kSetup, Cat::kWrong,
                fmt::format("split of pool partition {} gave group '{}' rank {}/{} of world ranks [{}]; expected rank "
                            "{}/{} of [{}]",
-                           p, gi.name, gi.rank, gi.size, fmt::join(gi.global_ranks, ","), want_rank,
-                           s.members.size(), fmt::join(s.members, ",")));
+                           p, gi.name, gi.rank, gi.size, fmt::join(gi.global_ranks, ","), want_rank, s.members.size(),
+                           fmt::join(s.members, ",")));
       }
       groups_[g] = b;
     }
@@ -480,8 +331,12 @@ void Harness::compute_injection_targets() {
           case Kind::kAllReduce:
           case Kind::kReduceScatter:
           case Kind::kAllGather:
-          case Kind::kBroadcast: output = op.count > 0; break;
-          case Kind::kReduce: output = op.count > 0 && op.root == 0; break;
+          case Kind::kBroadcast:
+            output = op.count > 0;
+            break;
+          case Kind::kReduce:
+            output = op.count > 0 && op.root == 0;
+            break;
           case Kind::kAllToAll: {
             const size_t n = s.members.size();
             for (size_t r = 0; r < n; ++r) output |= op.a2a[r * n] > 0;
@@ -490,7 +345,8 @@ void Harness::compute_injection_targets() {
           case Kind::kSendRecv:
             for (const Message& m : op.msgs) output |= m.dst == 0 && m.count > 0;
             break;
-          case Kind::kBarrier: break;
+          case Kind::kBarrier:
+            break;
         }
         if (!output) continue;
       }
@@ -553,7 +409,8 @@ void Harness::run_ops(const Case& c) {
   };
   if (opt_.verbose && who[0] == me_) {
     std::string ops;
-    for (const Op& op : c.ops) ops += fmt::format("\n    {} on group {}", op.describe(), group_label(static_cast<size_t>(op.group)));
+    for (const Op& op : c.ops)
+      ops += fmt::format("\n    {} on group {}", op.describe(), group_label(static_cast<size_t>(op.group)));
     std::printf("random_collectives: %s:%s\n", head.c_str(), ops.c_str());
     std::fflush(stdout);
   }
@@ -562,8 +419,9 @@ void Harness::run_ops(const Case& c) {
   for (const Op& op : c.ops) {
     const size_t g = static_cast<size_t>(op.group);
     const bool broken = member(g) ? broken_[g] || !groups_[g] : ctl_->check({broken_key(g)});
-    if (broken) return record(c.index, Cat::kSkipped, fmt::format("{}: group '{}' broken by an earlier failure", head,
-                                                                  pool_.groups[g].name));
+    if (broken)
+      return record(c.index, Cat::kSkipped,
+                    fmt::format("{}: group '{}' broken by an earlier failure", head, pool_.groups[g].name));
   }
   const Injection* inj = injection_for(c);
 
@@ -649,14 +507,17 @@ void Harness::run_ops(const Case& c) {
   for (size_t i = 0; i < runs.size(); ++i) fine[i] = issued[i];
   for (auto [i, w] : waits) {
     const auto guard = w->at + deadline() + milliseconds(kGraceMs);
-    auto left = [&] { return std::max(milliseconds(1), std::chrono::duration_cast<milliseconds>(guard - Clock::now())); };
+    auto left = [&] {
+      return std::max(milliseconds(1), std::chrono::duration_cast<milliseconds>(guard - Clock::now()));
+    };
     try {
       switch (c.wait) {
         case WaitStyle::kWait:
           w->work->wait();  // the backend's deadline must end it (else the watchdog does)
           break;
         case WaitStyle::kPoll:
-          while (!w->work->is_completed() && Clock::now() < guard) std::this_thread::sleep_for(std::chrono::microseconds(20));
+          while (!w->work->is_completed() && Clock::now() < guard)
+            std::this_thread::sleep_for(std::chrono::microseconds(20));
           w->work->wait(left());
           break;
         case WaitStyle::kWaitTimeout:
@@ -774,9 +635,9 @@ void Harness::watchdog() {
 // A split of the world from the splitter, each new group checked: its
 // membership and order, and an all_gather of the members' world ranks.
 void Harness::run_split_case(const Case& c) {
-  const std::string head = fmt::format("case {} (seed {}): split with colors [{}] keys [{}] (world rank {})", c.index,
-                                       opt_.seed, fmt::join(c.split_partition.color, ","),
-                                       fmt::join(c.split_partition.key, ","), me_);
+  const std::string head =
+      fmt::format("case {} (seed {}): split with colors [{}] keys [{}] (world rank {})", c.index, opt_.seed,
+                  fmt::join(c.split_partition.color, ","), fmt::join(c.split_partition.key, ","), me_);
   std::string why;
   if (excluded(c, &why)) return record(c.index, Cat::kExcluded, why);
   if (splitter_broken_) return record(c.index, Cat::kSkipped, head + ": the splitter is broken");
@@ -802,10 +663,10 @@ void Harness::run_split_case(const Case& c) {
   if (!b) return record(c.index, Cat::kWrong, head + ": no group for color " + std::to_string(color));
   const GroupInfo& gi = b->group();
   if (gi.size != static_cast<int>(members.size()) || gi.rank != want_rank || gi.global_ranks != members) {
-    return record(c.index, Cat::kWrong,
-                  fmt::format("{}: got rank {}/{} of world ranks [{}], expected rank {}/{} of [{}]", head, gi.rank,
-                              gi.size, fmt::join(gi.global_ranks, ","), want_rank, members.size(),
-                              fmt::join(members, ",")));
+    return record(
+        c.index, Cat::kWrong,
+        fmt::format("{}: got rank {}/{} of world ranks [{}], expected rank {}/{} of [{}]", head, gi.rank, gi.size,
+                    fmt::join(gi.global_ranks, ","), want_rank, members.size(), fmt::join(members, ",")));
   }
   std::vector<int64_t> out(members.size(), -1);
   int64_t mine = me_;
@@ -858,8 +719,10 @@ void Harness::sync(const std::string& name) {
     // Every rank reads every group's mark (also of groups it is not in), so
     // that all make the same repairs.
     if (!ctl_->check({broken_key(g)})) continue;
-    if (g == 0) world_broken = true;
-    else broken_partitions.push_back(static_cast<size_t>(pool_.groups[g].partition));
+    if (g == 0)
+      world_broken = true;
+    else
+      broken_partitions.push_back(static_cast<size_t>(pool_.groups[g].partition));
   }
   if (splitter_broken_) return;
   std::sort(broken_partitions.begin(), broken_partitions.end());
@@ -890,52 +753,6 @@ void Harness::sync(const std::string& name) {
   }
 }
 
-std::string serialize(const std::vector<Record>& records, uint64_t ran) {
-  std::string s = fmt::format("ran\t{}\n", ran);
-  size_t with_text = 0;
-  for (const Record& r : records) {
-    // Every record counts; the text of the first few hundred travels.
-    const bool text = is_failure(r.cat) ? with_text++ < 300 : false;
-    s += fmt::format("{}\t{}\t{}\t{}\t{}\n", r.index, static_cast<int>(r.cat), r.unclear ? 1 : 0, r.injected ? 1 : 0,
-                     text ? clean(r.msg) : "");
-  }
-  return s;
-}
-
-std::vector<Record> deserialize(const std::string& s, int rank, uint64_t* ran) {
-  std::vector<Record> out;
-  size_t pos = 0;
-  while (pos < s.size()) {
-    size_t nl = s.find('\n', pos);
-    if (nl == std::string::npos) nl = s.size();
-    std::string line = s.substr(pos, nl - pos);
-    pos = nl + 1;
-    std::vector<std::string> f;
-    size_t p = 0;
-    for (int k = 0; k < 4; ++k) {
-      size_t t = line.find('\t', p);
-      if (t == std::string::npos) break;
-      f.push_back(line.substr(p, t - p));
-      p = t + 1;
-    }
-    f.push_back(line.substr(std::min(p, line.size())));
-    if (f.size() == 2 && f[0] == "ran") {
-      *ran = std::stoull(f[1]);
-      continue;
-    }
-    if (f.size() != 5) continue;
-    Record r;
-    r.index = std::stoull(f[0]);
-    r.cat = static_cast<Cat>(std::stoi(f[1]));
-    r.unclear = f[2] == "1";
-    r.injected = f[3] == "1";
-    r.rank = rank;
-    r.msg = f[4];
-    out.push_back(std::move(r));
-  }
-  return out;
-}
-
 int Harness::finish() {
   sync("final");
   arm_watchdog(opt_.first + opt_.cases, "final report");
@@ -953,130 +770,14 @@ int Harness::finish() {
       participations += ran;
       all.insert(all.end(), recs.begin(), recs.end());
     }
-    // A case's outcome is the worst any of its ranks reported; no report: passed.
-    struct Outcome {
-      Cat cat = Cat::kPass;
-      bool unclear = false, injected = false;
-    };
-    std::map<uint64_t, Outcome> outcome;
-    size_t setup_failures = 0, unclear = 0;
-    for (const Record& r : all) {
-      if (r.cat == Cat::kHang || r.cat == Cat::kError) teardown_safe = false;
-      if (r.index == kSetup) {
-        setup_failures += is_failure(r.cat);
-        continue;
-      }
-      Outcome& o = outcome[r.index];
-      o.cat = std::max(o.cat, r.cat);
-      o.unclear |= r.unclear && is_failure(r.cat);
-      o.injected |= r.injected;
-    }
-    struct Row {
-      uint64_t cases = 0, passed = 0, failed = 0, skipped = 0, excluded = 0;
-    };
-    std::map<std::string, Row> by_kind, by_dtype;
-    std::map<Cat, uint64_t> by_cat;
-    uint64_t passed = 0, failed = 0;
-    for (uint64_t i = opt_.first; i < opt_.first + opt_.cases; ++i) {
-      const Case c = make_case(opt_.seed, i, pool_, n_, limits_);
-      const Outcome o = outcome.count(i) ? outcome[i] : Outcome{};
-      std::string kind = c.split ? "split" : c.ops.size() > 1 ? "batch" : std::string(kind_name(c.ops[0].kind));
-      std::set<std::string> dtypes;
-      for (const Op& op : c.ops) {
-        if (op.kind != Kind::kBarrier) dtypes.insert(std::string(dtype_name(op.dtype)));
-      }
-      std::vector<Row*> rows = {&by_kind[kind]};
-      for (const auto& d : dtypes) rows.push_back(&by_dtype[d]);
-      for (Row* row : rows) {
-        ++row->cases;
-        if (is_failure(o.cat)) ++row->failed;
-        else if (o.cat == Cat::kSkipped) ++row->skipped;
-        else if (o.cat == Cat::kExcluded) ++row->excluded;
-        else ++row->passed;
-      }
-      ++by_cat[o.cat];
-      if (is_failure(o.cat)) {
-        ++failed;
-        unclear += o.unclear;
-      } else if (o.cat == Cat::kPass) {
-        ++passed;
-      }
-    }
-    failed += setup_failures;
-
-    std::vector<std::string> host_list;
-    for (int h : hosts_.host_of_rank) host_list.push_back(std::to_string(h));
-    std::printf("random collectives: backend %s, %d ranks on %d host(s) [%s], seed %llu, cases %llu..%llu, max %zu "
-                "bytes, deadline %lld ms, %.1f s\n",
-                std::string(world_->name()).c_str(), n_, hosts_.num_hosts(), fmt::format("{}", fmt::join(host_list, ",")).c_str(),
-                static_cast<unsigned long long>(opt_.seed), static_cast<unsigned long long>(opt_.first),
-                static_cast<unsigned long long>(opt_.first + opt_.cases - 1), opt_.max_bytes,
-                static_cast<long long>(opt_.deadline_ms),
-                std::chrono::duration<double>(Clock::now() - start_).count());
-    if (!opt_.exclude.empty()) {
-      std::printf("  excluded families: %s\n", fmt::format("{}", fmt::join(opt_.exclude, ",")).c_str());
-    }
-    auto table = [](const char* title, const std::map<std::string, Row>& rows) {
-      std::printf("  %-16s %7s %7s %7s %7s %8s\n", title, "cases", "passed", "failed", "skipped", "excluded");
-      for (const auto& [k, r] : rows) {
-        std::printf("  %-16s %7llu %7llu %7llu %7llu %8llu\n", k.c_str(), static_cast<unsigned long long>(r.cases),
-                    static_cast<unsigned long long>(r.passed), static_cast<unsigned long long>(r.failed),
-                    static_cast<unsigned long long>(r.skipped), static_cast<unsigned long long>(r.excluded));
-      }
-    };
-    table("op", by_kind);
-    table("dtype", by_dtype);
-    std::printf("  failed cases by category: wrong %llu, clobber %llu, hangs %llu, errors %llu (unclear messages "
-                "%zu); setup failures %zu\n",
-                static_cast<unsigned long long>(by_cat[Cat::kWrong]),
-                static_cast<unsigned long long>(by_cat[Cat::kClobber]),
-                static_cast<unsigned long long>(by_cat[Cat::kHang]),
-                static_cast<unsigned long long>(by_cat[Cat::kError]), unclear, setup_failures);
-    std::printf("  not run: skipped %llu (group broken by an earlier failure), excluded %llu; %llu rank-cases run, "
-                "%d splits\n",
-                static_cast<unsigned long long>(by_cat[Cat::kSkipped]),
-                static_cast<unsigned long long>(by_cat[Cat::kExcluded]),
-                static_cast<unsigned long long>(participations), splits_);
-    // The failures themselves, the first ones in full.
-    std::sort(all.begin(), all.end(), [](const Record& a, const Record& b) {
-      return a.index != b.index ? a.index < b.index : a.rank < b.rank;
-    });
-    size_t shown = 0, total = 0;
-    for (const Record& r : all) {
-      if (!is_failure(r.cat)) continue;
-      ++total;
-      if (shown < 40 && !r.msg.empty()) {
-        std::printf("  FAILED [%s] rank %d: %s\n", std::string(cat_name(r.cat)).c_str(), r.rank, r.msg.c_str());
-        ++shown;
-      }
-    }
-    if (total > shown) std::printf("  ... %zu more failure reports (every rank prints its own to stderr)\n", total - shown);
-    if (total > 0) {
-      std::printf("  rerun one case K: the same launch (ranks, backend, --hosts) with --seed %llu --max-bytes %zu "
-                  "--first K --cases 1\n",
-                  static_cast<unsigned long long>(opt_.seed), opt_.max_bytes);
-    }
-    if (!opt_.inject.empty()) {
-      size_t counted = 0;
-      for (const Injection& inj : opt_.inject) {
-        const Outcome o = outcome.count(inj.target) ? outcome[inj.target] : Outcome{};
-        const Cat want = inj.kind == "wrong" ? Cat::kWrong
-                         : inj.kind == "clobber" ? Cat::kClobber
-                         : inj.kind == "hang" ? Cat::kHang
-                                              : Cat::kError;
-        const bool ok = inj.target != kSetup && o.injected && o.cat == want &&
-                        (inj.kind != "unclear" && inj.kind != "nonstd" ? true : o.unclear);
-        counted += ok;
-        std::printf("  injected %s@%llu: case %lld on rank %d, counted as %s%s\n", inj.kind.c_str(),
-                    static_cast<unsigned long long>(inj.at),
-                    inj.target == kSetup ? -1LL : static_cast<long long>(inj.target), inj.rank,
-                    std::string(cat_name(o.cat)).c_str(), ok ? "" : " (NOT as injected)");
-      }
-      std::printf("  injected failures counted: %zu of %zu\n", counted, opt_.inject.size());
-    }
-    std::printf("%llu passed, %llu failed\n", static_cast<unsigned long long>(passed),
-                static_cast<unsigned long long>(failed));
-    std::fflush(stdout);
+    ReportContext rc_ctx{opt_,
+                         std::string(world_->name()),
+                         hosts_,
+                         n_,
+                         std::chrono::duration<double>(Clock::now() - start_).count(),
+                         splits_,
+                         [this](uint64_t i) { return make_case(opt_.seed, i, pool_, n_, limits_); }};
+    const uint64_t failed = print_report(rc_ctx, std::move(all), participations, &teardown_safe);
     rc = failed > 0 ? 1 : 0;
     ctl_->set_string("verdict", fmt::format("{} {}", rc, teardown_safe ? 1 : 0));
   }
@@ -1105,11 +806,10 @@ int Harness::run() {
   sync("pool");  // groups whose split failed anywhere are made again
   compute_injection_targets();
   if (me_ == 0) {
-    std::fprintf(stderr,
-                 "random_collectives: backend %s, %d ranks, seed %llu, cases %llu from %llu, pool of %zu groups\n",
-                 std::string(world_->name()).c_str(), n_, static_cast<unsigned long long>(opt_.seed),
-                 static_cast<unsigned long long>(opt_.cases), static_cast<unsigned long long>(opt_.first),
-                 pool_.groups.size());
+    std::fprintf(
+        stderr, "random_collectives: backend %s, %d ranks, seed %llu, cases %llu from %llu, pool of %zu groups\n",
+        std::string(world_->name()).c_str(), n_, static_cast<unsigned long long>(opt_.seed),
+        static_cast<unsigned long long>(opt_.cases), static_cast<unsigned long long>(opt_.first), pool_.groups.size());
   }
   for (uint64_t k = 0; k < opt_.cases; ++k) {
     if (k > 0 && k % static_cast<uint64_t>(opt_.sync_every) == 0) {
@@ -1139,7 +839,7 @@ int Harness::run() {
 
 int main(int argc, char** argv) {
   using namespace torus::comm::rc;
-  Options o = parse(argc, argv);
+  Options o = parse_options(argc, argv);
   try {
     Harness h(std::move(o));
     return h.run();

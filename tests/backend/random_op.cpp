@@ -2,10 +2,10 @@
 // (random_op.h).
 #include "random_op.h"
 
+#include <fmt/format.h>
+
 #include <cstdlib>
 #include <cstring>
-
-#include <fmt/format.h>
 
 #include "torus/comm/shared_host.h"
 
@@ -13,13 +13,20 @@ namespace torus::comm::rc {
 
 std::string_view cat_name(Cat c) {
   switch (c) {
-    case Cat::kPass: return "pass";
-    case Cat::kExcluded: return "excluded";
-    case Cat::kSkipped: return "skipped";
-    case Cat::kError: return "error";
-    case Cat::kHang: return "hang";
-    case Cat::kClobber: return "clobber";
-    case Cat::kWrong: return "wrong";
+    case Cat::kPass:
+      return "pass";
+    case Cat::kExcluded:
+      return "excluded";
+    case Cat::kSkipped:
+      return "skipped";
+    case Cat::kError:
+      return "error";
+    case Cat::kHang:
+      return "hang";
+    case Cat::kClobber:
+      return "clobber";
+    case Cat::kWrong:
+      return "wrong";
   }
   return "?";
 }
@@ -57,7 +64,9 @@ Region::~Region() {
   }
 }
 
-char Region::guard_byte(size_t k) const { return static_cast<char>(0xa5 ^ (k * 29) ^ key_); }
+char Region::guard_byte(size_t k) const {
+  return static_cast<char>(0xa5 ^ (k * 29) ^ key_);
+}
 
 std::string Region::guard_damage() const {
   size_t before = 0, after = 0;
@@ -188,7 +197,8 @@ OpRun::OpRun(const Op& op, Backend& g, Duration timeout)
       Region& outr = region(recvs * elt, 2);
       size_t off = 0;
       for (size_t d = 0; d < un; ++d) {
-        for (size_t j = 0; j < send_counts_[d]; ++j) movement_element(dt, op_.key, me, d, j, in.data() + (off + j) * elt);
+        for (size_t j = 0; j < send_counts_[d]; ++j)
+          movement_element(dt, op_.key, me, d, j, in.data() + (off + j) * elt);
         off += send_counts_[d];
       }
       std::vector<char> want(recvs * elt);
@@ -196,7 +206,8 @@ OpRun::OpRun(const Op& op, Backend& g, Duration timeout)
       off = 0;
       for (size_t s = 0; s < un; ++s) {
         block_start.push_back(off);
-        for (size_t j = 0; j < recv_counts_[s]; ++j) movement_element(dt, op_.key, s, me, j, want.data() + (off + j) * elt);
+        for (size_t j = 0; j < recv_counts_[s]; ++j)
+          movement_element(dt, op_.key, s, me, j, want.data() + (off + j) * elt);
         off += recv_counts_[s];
       }
       expect_unchanged(in.data(), sends * elt, "the input");
@@ -213,7 +224,8 @@ OpRun::OpRun(const Op& op, Backend& g, Duration timeout)
       const int root = op_.root;
       Region& buf = region(c * elt, 1);
       std::vector<char> want(c * elt);
-      for (size_t j = 0; j < c; ++j) movement_element(dt, op_.key, static_cast<uint64_t>(root), 0, j, want.data() + j * elt);
+      for (size_t j = 0; j < c; ++j)
+        movement_element(dt, op_.key, static_cast<uint64_t>(root), 0, j, want.data() + j * elt);
       if (me_ == root) std::memcpy(buf.data(), want.data(), c * elt);
       expect_output(buf.data(), std::move(want), me_ == root ? "the root's buffer" : "the buffer", &buf);
       char* p = buf.data();
@@ -268,10 +280,9 @@ OpRun::OpRun(const Op& op, Backend& g, Duration timeout)
           Region& r = region(bytes, 11 + 2 * k);
           std::vector<char> want(bytes);
           for (size_t j = 0; j < m.count; ++j) movement_element(dt, op_.key, k, 1, j, want.data() + j * elt);
-          expect_output(r.data(), std::move(want),
-                        fmt::format("message {} ({} -> {}, tag {}, {} elements) received", k, m.src, m.dst, m.tag,
-                                    m.count),
-                        &r);
+          expect_output(
+              r.data(), std::move(want),
+              fmt::format("message {} ({} -> {}, tag {}, {} elements) received", k, m.src, m.dst, m.tag, m.count), &r);
           char* p = r.data();
           recvs.push_back([=] { return b->recv(p, m.count, dt, m.src, m.tag, T); });
         }

@@ -19,7 +19,9 @@ namespace torus::comm::rc {
 // worst its ranks report). Everything from kError on is a failure.
 enum class Cat : uint8_t { kPass, kExcluded, kSkipped, kError, kHang, kClobber, kWrong };
 std::string_view cat_name(Cat c);
-inline bool is_failure(Cat c) { return c >= Cat::kError; }
+inline bool is_failure(Cat c) {
+  return c >= Cat::kError;
+}
 
 // A buffer of `bytes` with kGuard bytes of a known pattern on each side,
 // placed as `place` says. Its contents start as a pattern of the key (a

@@ -45,7 +45,9 @@ endif()
 add_executable(torus_random_collectives
   ${CMAKE_CURRENT_LIST_DIR}/random_collectives.cpp
   ${CMAKE_CURRENT_LIST_DIR}/random_cases.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/random_op.cpp)
+  ${CMAKE_CURRENT_LIST_DIR}/random_op.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/random_options.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/random_report.cpp)
 target_link_libraries(torus_random_collectives PRIVATE torus_base)
 target_include_directories(torus_random_collectives BEFORE PRIVATE ${TORUS_FMT_SHIM})
 target_compile_options(torus_random_collectives PRIVATE -Wall -Wextra)
