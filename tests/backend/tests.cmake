@@ -82,3 +82,67 @@ if(TORUS_WITH_MPI)
                          LABELS "multirank;np3;backend;${_backend};fault")
   endforeach()
 endif()
+
+# The randomized collective test (random_collectives.cpp, docs/testing.md):
+# random ops, dtypes, sizes, groups and placements from a seed, each rank
+# checking its results against an exact reference. One binary for every
+# host backend; bounded runs here, large runs with
+# tests/backend/random_collectives.py.
+add_executable(torus_random_collectives
+  ${CMAKE_CURRENT_LIST_DIR}/random_collectives.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/random_cases.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/random_op.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/random_options.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/random_report.cpp)
+target_link_libraries(torus_random_collectives PRIVATE torus_base)
+target_include_directories(torus_random_collectives BEFORE PRIVATE ${TORUS_FMT_SHIM})
+target_compile_options(torus_random_collectives PRIVATE -Wall -Wextra)
+# Bounded runs, a few seconds each when every case passes: 300 cases of at
+# most 256 KiB per buffer on 3, 5 and 6 ranks (oversubscribed) for mpi, ofi
+# on shm, ofi on tcp over loopback (every collective over the provider) and
+# ofi with an injected host map (hierarchical paths, uneven hosts for 3 and
+# 5 ranks, interleaved for 6); the netns runs need root (skipped elsewhere).
+set(_rc_args --cases 300 --max-bytes 256K --deadline-ms 5000)
+if(TORUS_WITH_MPI)
+  foreach(n 3 5 6)
+    torus_add_mpi_test(NAME random_collectives_mpi_np${n} TARGET torus_random_collectives NP ${n} ARGS ${_rc_args}
+                       LABELS "random;mpi" ENV TORUS_BACKEND=mpi TIMEOUT 300)
+    if(TORUS_WITH_OFI)
+      if(n EQUAL 6)
+        set(_rc_hosts cyclic:2)
+      else()
+        set(_rc_hosts blocks:2)
+      endif()
+      torus_add_mpi_test(NAME random_collectives_ofi_shm_np${n} TARGET torus_random_collectives NP ${n}
+                         ARGS ${_rc_args} LABELS "random;ofi" ENV TORUS_BACKEND=ofi FI_PROVIDER=shm TIMEOUT 300)
+      torus_add_mpi_test(NAME random_collectives_ofi_tcp_np${n} TARGET torus_random_collectives NP ${n}
+                         ARGS ${_rc_args} LABELS "random;ofi"
+                         ENV TORUS_BACKEND=ofi FI_PROVIDER=tcp FI_TCP_IFACE=lo TORUS_OFI_HOST_SHM=0 TIMEOUT 300)
+      torus_add_mpi_test(NAME random_collectives_ofi_hosts_np${n} TARGET torus_random_collectives NP ${n}
+                         ARGS ${_rc_args} --hosts ${_rc_hosts} LABELS "random;ofi"
+                         ENV TORUS_BACKEND=ofi FI_PROVIDER=tcp FI_TCP_IFACE=lo TIMEOUT 300)
+    endif()
+  endforeach()
+  # Injected failures of every kind (wrong result, write outside a buffer,
+  # hang, torus error, unclear std::exception, non-std exception) must each
+  # count as a failed case and make the job exit non-zero.
+  find_program(TORUS_RC_PYTHON NAMES python3)
+  if(TORUS_WITH_OFI AND TORUS_RC_PYTHON)
+    add_test(NAME random_collectives_selftest
+             COMMAND ${TORUS_RC_PYTHON} ${CMAKE_CURRENT_LIST_DIR}/random_collectives.py --selftest
+                     --binary $<TARGET_FILE:torus_random_collectives> --timeout 120)
+    set_tests_properties(random_collectives_selftest PROPERTIES TIMEOUT 180 LABELS "multirank;np3;random;ofi"
+                         PROCESSORS 1)
+  endif()
+endif()
+if(TORUS_WITH_OFI)
+  foreach(_layout "2;2" "2;3")
+    list(GET _layout 0 _h)
+    list(GET _layout 1 _r)
+    add_test(NAME random_collectives_netns_${_h}x${_r}
+             COMMAND ${PROJECT_SOURCE_DIR}/scripts/netns_hosts.sh -H ${_h} -r ${_r} -t 240 --
+                     $<TARGET_FILE:torus_random_collectives> ${_rc_args})
+    set_tests_properties(random_collectives_netns_${_h}x${_r} PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77
+                         LABELS "multirank;ofi;netns;random" RUN_SERIAL TRUE ENVIRONMENT "TORUS_LOG_LEVEL=warn")
+  endforeach()
+endif()
