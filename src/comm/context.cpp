@@ -14,6 +14,7 @@
 #include <map>
 #include <thread>
 
+#include "comm/op_failures.h"
 #include "comm/store_token.h"
 #include "core/log.h"
 #include "torus/config.h"
@@ -97,6 +98,7 @@ std::shared_ptr<Context> Context::create(const InitOptions& options) {
   const EnvParams& params = env_params();
   set_log_level(params.log_level);
   std::shared_ptr<Context> ctx(new Context());
+  ctx->failed_ops_at_start_ = failed_ops_in_process();
   ctx->launch_ = detect_launch(options, process_getenv);
   LaunchInfo& L = ctx->launch_;
   set_log_rank(L.rank, L.world_size);
@@ -251,7 +253,8 @@ Context::~Context() {
   }
   try {
     store_->add("torus/shutdown", 1);
-    if (server_ && !failed_.load()) {
+    const bool failed = failed_.load() || failed_ops_in_process() > failed_ops_at_start_;
+    if (server_ && !failed) {
       auto deadline = std::chrono::steady_clock::now() + 30s;
       while (store_->add("torus/shutdown", 0) < launch_.world_size && std::chrono::steady_clock::now() < deadline) {
         std::this_thread::sleep_for(5ms);

@@ -1,5 +1,8 @@
 #include "torus/comm/work.h"
 
+#include <atomic>
+
+#include "comm/op_failures.h"
 #include "core/log.h"
 
 namespace torus::comm {
@@ -44,7 +47,16 @@ bool Work::succeeded() const {
 }
 
 void Work::mark_completed() { finish(nullptr); }
-void Work::mark_failed(std::exception_ptr error) { finish(error ? error : std::make_exception_ptr(CommError("failed"))); }
+namespace {
+std::atomic<uint64_t> failed_ops{0};
+}  // namespace
+
+uint64_t failed_ops_in_process() { return failed_ops.load(std::memory_order_relaxed); }
+
+void Work::mark_failed(std::exception_ptr error) {
+  failed_ops.fetch_add(1, std::memory_order_relaxed);
+  finish(error ? error : std::make_exception_ptr(CommError("failed")));
+}
 
 void Work::finish(std::exception_ptr error) {
   std::vector<std::function<void(std::exception_ptr)>> callbacks;

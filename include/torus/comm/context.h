@@ -96,7 +96,9 @@ class Context {
 
   // Declares the job failed (a peer died or an op failed for good): at
   // destruction rank 0 no longer waits for every rank to check out of the
-  // store (Note in ~Context), since a dead rank never will. Thread safe.
+  // store (Note in ~Context), since a dead rank never will. An op of this
+  // process that failed after the Context was made has the same effect
+  // (every Work that fails counts). Thread safe.
   void mark_failed() { failed_.store(true); }
   bool failed() const { return failed_.load(); }
   int world_size() const { return launch_.world_size; }
@@ -123,6 +125,7 @@ class Context {
   std::unique_ptr<LocalTokenFile> token_file_;  // rank 0 of a loopback job without a token; outlives server_
   std::unique_ptr<TcpStoreServer> server_;
   std::atomic<bool> failed_{false};
+  uint64_t failed_ops_at_start_ = 0;  // failed_ops_in_process() when made
   std::shared_ptr<Store> store_;
   BackendPtr host_backend_;
   BackendPtr device_backend_;
