@@ -25,6 +25,13 @@ find_package(Threads REQUIRED)
 find_package(fmt 9 CONFIG QUIET)
 torus_require(fmt_FOUND "fmt (>= 9)" "Install it with: apt-get install libfmt-dev")
 
+# JSON (metrics, configs, benchmark results) and the command line (the option
+# table of a training run); both header-only.
+find_package(nlohmann_json 3 CONFIG QUIET)
+torus_require(nlohmann_json_FOUND "nlohmann-json (>= 3)" "Install it with: apt-get install nlohmann-json3-dev")
+find_package(CLI11 2 CONFIG QUIET)
+torus_require(CLI11_FOUND "CLI11 (>= 2)" "Install it with: apt-get install libcli11-dev")
+
 find_package(OpenSSL 3 QUIET)
 torus_require(OPENSSL_FOUND "OpenSSL (>= 3, for the store's HMAC-SHA-256)" "Install it with: apt-get install libssl-dev")
 

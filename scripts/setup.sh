@@ -11,7 +11,7 @@ PKGS=(
   build-essential cmake ninja-build ccache pkg-config git
   openmpi-bin libopenmpi-dev
   libfabric-dev libfabric-bin
-  libfmt-dev libssl-dev
+  libfmt-dev libssl-dev nlohmann-json3-dev libcli11-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   pybind11-dev python3-dev
   iproute2

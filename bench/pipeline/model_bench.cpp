@@ -92,7 +92,7 @@
 #include "torus/core/error.h"
 #include "torus/parallel/pipeline/executor.h"
 #include "torus/train/corpus.h"
-#include "torus/train/gpt_trainer.h"
+#include "torus/train/gpt_model.h"
 
 namespace torus::bench {
 namespace {

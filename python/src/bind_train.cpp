@@ -1,6 +1,7 @@
-// Bindings of torus::train (torus._C.train): the 3D GPT trainer and the
-// utilities of a training run (learning-rate schedule, byte corpus and batch
-// sampler, step line and memory, PNG plot).
+// Bindings of torus::train (torus._C.train): the training engine (Trainer,
+// GPTTrainer), the training loop (TrainLoop) with its option table
+// (RunConfig), and the utilities of a training run (learning-rate schedule,
+// byte corpus and batch sampler, step line and memory).
 //
 // GPTTrainer's constructor, train_step, evaluate and gather_local_parameters
 // communicate and take long: they release the GIL. Batches from Python reach
@@ -21,10 +22,12 @@
 #include "torus/core/error.h"
 #include "torus/models/gpt.h"
 #include "torus/train/corpus.h"
-#include "torus/train/gpt_trainer.h"
+#include "torus/train/gpt_model.h"
 #include "torus/train/lr_schedule.h"
 #include "torus/train/metrics.h"
-#include "torus/train/plot.h"
+#include "torus/train/run_config.h"
+#include "torus/train/train_loop.h"
+#include "torus/train/trainer.h"
 
 namespace py = pybind11;
 
@@ -166,21 +169,12 @@ void bind_layout(py::module_& m) {
 
 void bind_trainer(py::module_& m) {
   using train::GPTTrainer;
-  py::class_<GPTTrainer, std::shared_ptr<GPTTrainer>>(
-      m, "GPTTrainer", "GPT trained with tensor, sequence, pipeline and data parallelism (gpt_trainer.h).")
-      .def(py::init([](comm::ProcessGroupPtr world, const py::object& config, train::ParallelLayout layout,
-                       train::OptimizerConfig optim, train::TrainerOptions options) {
-             models::GPTConfig native = native_config(config);
-             py::gil_scoped_release release;
-             return std::make_shared<GPTTrainer>(std::move(world), std::move(native), std::move(layout), optim,
-                                                 options);
-           }),
-           py::arg("world"), py::arg("config"), py::arg("layout"), py::arg("optim") = train::OptimizerConfig{},
-           py::arg("options") = train::TrainerOptions{},
-           "Collective over world. config: torus.models.GPTConfig (or the native one).")
+  using train::Trainer;
+  py::class_<Trainer, std::shared_ptr<Trainer>>(
+      m, "Trainer", "The training engine over a model adapter (trainer.h); GPTTrainer is one over the GPT.")
       .def(
           "train_step",
-          [](GPTTrainer& t, const at::Tensor& batch, double lr) {
+          [](Trainer& t, const at::Tensor& batch, double lr) {
             at::Tensor b = unpy(batch);
             py::gil_scoped_release release;
             return t.train_step(b, lr);
@@ -190,15 +184,15 @@ void bind_trainer(py::module_& m) {
           "OptimizerConfig's. Collective; releases the GIL.")
       .def(
           "evaluate",
-          [](GPTTrainer& t, const at::Tensor& batch) {
+          [](Trainer& t, const at::Tensor& batch) {
             at::Tensor b = unpy(batch);
             py::gil_scoped_release release;
             return t.evaluate(b);
           },
-          py::arg("batch"), "Mean token loss without gradients. Collective; releases the GIL.")
+          py::arg("batch"), "Mean token loss without gradients (a forward-only schedule). Collective; releases the GIL.")
       .def(
           "gather_local_parameters",
-          [](const GPTTrainer& t) {
+          [](const Trainer& t) {
             std::map<std::string, at::Tensor> params;
             {
               py::gil_scoped_release release;
@@ -209,22 +203,138 @@ void bind_trainer(py::module_& m) {
             for (auto& [name, p] : params) out[py::str(name)] = std::move(p);
             return out;
           },
-          "Copies of the full (TP-gathered) parameters this rank holds, by single-process name. Collective over tp.")
-      .def("num_parameters", &GPTTrainer::num_parameters)
-      .def("flops_per_token", &GPTTrainer::flops_per_token, py::arg("seq_len"))
-      .def("is_logging_rank", &GPTTrainer::is_logging_rank)
-      .def("describe_stages", &GPTTrainer::describe_stages)
-      .def("schedule", &GPTTrainer::schedule, "This step's pipeline schedule (a copy).")
-      .def_property_readonly("layout", &GPTTrainer::layout)
-      .def_property_readonly("model_config", &GPTTrainer::model_config)
-      .def("steps_taken", &GPTTrainer::steps_taken)
-      .def("last_pipeline_result", &GPTTrainer::last_pipeline_result, "The executor's StepResult of the last step.")
+          "Copies of the full (TP-gathered) parameters this rank holds, by global name. Collective over tp.")
+      .def("num_parameters", &Trainer::num_parameters)
+      .def("flops_per_token", &Trainer::flops_per_token, py::arg("seq_len"))
+      .def("is_logging_rank", &Trainer::is_logging_rank)
+      .def("describe_stages", &Trainer::describe_stages)
+      .def("schedule", &Trainer::schedule, "This step's pipeline schedule (a copy).")
+      .def_property_readonly("layout", &Trainer::layout)
+      .def("steps_taken", &Trainer::steps_taken)
+      .def("last_pipeline_result", &Trainer::last_pipeline_result, "The executor's StepResult of the last step.")
       .def(
-          "group", [](const GPTTrainer& t, const std::string& dim) { return t.mesh().group(dim); }, py::arg("dim"),
+          "group", [](const Trainer& t, const std::string& dim) { return t.mesh().group(dim); }, py::arg("dim"),
           "The mesh group along \"pp\", \"dp\" or \"tp\".")
       .def(
-          "coord", [](const GPTTrainer& t, const std::string& dim) { return t.mesh().coord(dim); }, py::arg("dim"),
+          "coord", [](const Trainer& t, const std::string& dim) { return t.mesh().coord(dim); }, py::arg("dim"),
           "This rank's coordinate along a mesh dimension.");
+
+  py::class_<GPTTrainer, Trainer, std::shared_ptr<GPTTrainer>>(
+      m, "GPTTrainer", "The engine over the reference GPT (gpt_model.h).")
+      .def(py::init([](comm::ProcessGroupPtr world, const py::object& config, train::ParallelLayout layout,
+                       train::OptimizerConfig optim, train::TrainerOptions options) {
+             models::GPTConfig native = native_config(config);
+             py::gil_scoped_release release;
+             return std::make_shared<GPTTrainer>(std::move(world), std::move(native), std::move(layout), optim,
+                                                 options);
+           }),
+           py::arg("world"), py::arg("config"), py::arg("layout"), py::arg("optim") = train::OptimizerConfig{},
+           py::arg("options") = train::TrainerOptions{},
+           "Collective over world. config: torus.models.GPTConfig (or the native one).")
+      .def_property_readonly("model_config", &GPTTrainer::model_config);
+}
+
+// Python keyword arguments -> `--name=value` flags for the one option table.
+std::vector<std::string> kwargs_to_flags(const py::kwargs& kwargs) {
+  std::vector<std::string> args;
+  for (const auto& [key, value] : kwargs) {
+    std::string name = py::str(key);
+    std::string text;
+    if (py::isinstance<py::bool_>(value)) {
+      text = value.cast<bool>() ? "true" : "false";
+    } else if (py::isinstance<py::float_>(value)) {
+      text = py::repr(value).cast<std::string>();
+    } else {
+      text = py::str(value).cast<std::string>();
+    }
+    args.push_back("--" + name + "=" + text);
+  }
+  return args;
+}
+
+void bind_loop(py::module_& m) {
+  py::class_<train::RunConfig>(m, "RunConfig",
+                               "Every option of a training run (run_config.h); keywords are the options of "
+                               "torus-train with dashes written as underscores.")
+      .def(py::init([](const py::kwargs& kwargs) {
+             train::RunConfig c;
+             train::parse_run_config(kwargs_to_flags(kwargs), c);
+             return c;
+           }),
+           "RunConfig(tp=2, pp=2, precision=\"bf16\", ...): parsed by the same table as the command line.")
+      .def_static(
+          "from_args",
+          [](const std::vector<std::string>& args) -> py::object {
+            train::RunConfig c;
+            if (train::parse_run_config(args, c) == train::ParseOutcome::kHelp) return py::none();
+            return py::cast(c);
+          },
+          py::arg("args"), "Parses command-line flags (config files included); None for --help.")
+      .def("validate", &train::RunConfig::validate)
+      .def("to_json", &train::RunConfig::to_json)
+      .def("values", &train::RunConfig::values, "(name, text) of every option, in table order.")
+      .def("__getattr__",
+           [](const train::RunConfig& c, const std::string& name) -> py::object {
+             std::string dashed = name;
+             for (char& ch : dashed) {
+               if (ch == '_') ch = '-';
+             }
+             py::object values = py::module_::import("json").attr("loads")(c.to_json());
+             if (!values.contains(py::str(dashed))) throw py::attribute_error("RunConfig has no option '" + name + "'");
+             return values[py::str(dashed)];
+           })
+      .def("__repr__", [](const train::RunConfig& c) { return "<torus.train.RunConfig " + c.to_json() + ">"; });
+  m.def("run_config_help", &train::run_config_help, py::arg("program"), py::arg("description") = "");
+  m.def("run_option_names", &train::run_option_names);
+
+  py::class_<train::StepRecord>(m, "StepRecord", "One step of a TrainLoop (its metrics record).")
+      .def_readonly("step", &train::StepRecord::step)
+      .def_readonly("loss", &train::StepRecord::loss)
+      .def_readonly("val_loss", &train::StepRecord::val_loss)
+      .def_readonly("grad_norm", &train::StepRecord::grad_norm)
+      .def_readonly("clip", &train::StepRecord::clip)
+      .def_readonly("lr", &train::StepRecord::lr)
+      .def_readonly("tokens_per_s", &train::StepRecord::tokens_per_s)
+      .def_readonly("mfu", &train::StepRecord::mfu)
+      .def_readonly("mem_bytes", &train::StepRecord::mem_bytes)
+      .def_readonly("step_s", &train::StepRecord::step_s)
+      .def_readonly("skipped", &train::StepRecord::skipped);
+
+  py::class_<train::RunSummary>(m, "RunSummary")
+      .def_readonly("steps", &train::RunSummary::steps)
+      .def_readonly("wall_s", &train::RunSummary::wall_s)
+      .def_readonly("tokens_per_s", &train::RunSummary::tokens_per_s)
+      .def_readonly("first_loss", &train::RunSummary::first_loss)
+      .def_readonly("final_loss", &train::RunSummary::final_loss)
+      .def_readonly("final_val_loss", &train::RunSummary::final_val_loss)
+      .def_readonly("out_dir", &train::RunSummary::out_dir);
+
+  py::class_<train::TrainLoop, std::shared_ptr<train::TrainLoop>>(
+      m, "TrainLoop", "The training loop of torus-train (train_loop.h). Lines go to sys.stdout.")
+      .def(py::init([](comm::ProcessGroupPtr world, train::RunConfig config, std::string program) {
+             py::gil_scoped_release release;
+             auto loop = std::make_shared<train::TrainLoop>(std::move(world), std::move(config), std::move(program));
+             loop->set_line_sink([](std::string_view line) {
+               py::gil_scoped_acquire gil;
+               py::module_::import("builtins").attr("print")(py::str(line.data(), line.size()), py::arg("flush") = true);
+             });
+             return loop;
+           }),
+           py::arg("world"), py::arg("config"), py::arg("program") = "torus-train",
+           "Collective: validates the config, loads the data, builds the engine, measures the peak.")
+      .def(
+          "on_step",
+          [](train::TrainLoop& loop, py::function fn) {
+            loop.on_step([fn](const train::StepRecord& r) {
+              py::gil_scoped_acquire gil;
+              fn(r);
+            });
+          },
+          py::arg("fn"), "fn(StepRecord) after every step, on every rank.")
+      .def("run", &train::TrainLoop::run, Release(), "Runs every step. Collective; releases the GIL.")
+      .def("trainer", &train::TrainLoop::trainer, py::return_value_policy::reference_internal)
+      .def_property_readonly("config", &train::TrainLoop::config)
+      .def_property_readonly("peak_flops", &train::TrainLoop::peak_flops);
 }
 
 void bind_data(py::module_& m) {
@@ -323,37 +433,15 @@ void bind_report(py::module_& m) {
   m.def("render_progress", &train::ProgressBar::render, py::arg("done"), py::arg("total"), py::arg("tokens_per_s"),
         py::arg("eta_s"), py::arg("width") = 30,
         "The text of one progress bar: \"[####....] 40/200 step | 1520 tok/s | eta 1m12s\".");
-  m.def(
-      "write_line_plot_png",
-      [](const std::string& path,
-         const std::vector<
-             std::tuple<std::string, std::tuple<int, int, int>, std::vector<double>, std::vector<double>>>& series,
-         std::string title, std::string x_label, std::string y_label, int width, int height) {
-        train::PlotSpec spec;
-        spec.title = std::move(title);
-        spec.x_label = std::move(x_label);
-        spec.y_label = std::move(y_label);
-        spec.width = width;
-        spec.height = height;
-        for (const auto& [name, rgb, xs, ys] : series) {
-          const auto [r, g, b] = rgb;
-          spec.series.push_back(
-              {name, train::Rgb{static_cast<uint8_t>(r), static_cast<uint8_t>(g), static_cast<uint8_t>(b)}, xs, ys});
-        }
-        py::gil_scoped_release release;
-        train::write_line_plot_png(path, spec);
-      },
-      py::arg("path"), py::arg("series"), py::arg("title") = "", py::arg("x_label") = "", py::arg("y_label") = "",
-      py::arg("width") = 900, py::arg("height") = 560,
-      "A line plot as PNG with no dependencies; series: (name, (r, g, b), xs, ys) tuples.");
 }
 
 }  // namespace
 
 void bind_train(py::module_& m) {
-  auto train = m.def_submodule("train", "The 3D GPT trainer and training utilities (torus::train).");
+  auto train = m.def_submodule("train", "The training engine, loop and utilities (torus::train).");
   bind_layout(train);
   bind_trainer(train);
+  bind_loop(train);
   bind_data(train);
   bind_report(train);
 }

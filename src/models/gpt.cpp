@@ -271,7 +271,7 @@ GPT::GPT(const GPTConfig& config, const parallel::ParallelGroups& groups, const 
   TORUS_CHECK(part.first_layer >= 0 && last <= config.num_layers && part.first_layer <= last, InvalidArgument,
               "GPT: part layers [{}, {}) outside the model's {} layers", part.first_layer, last, config.num_layers);
   padded_vocab_ = tp::pad_vocab(config.vocab_size, n, config.vocab_pad_multiple);
-  rng_ = std::make_shared<tp::RngTracker>(config.seed, groups.tp_rank(), config.device);
+  rng_ = std::make_shared<tp::RngTracker>(config.seed, groups.tp_rank(), config.device, part.stage);
   if (part.embedding) embedding_ = register_module("embedding", std::make_shared<GPTEmbedding>(config, groups, rng_));
   if (last > part.first_layer) {
     auto blocks = register_module("blocks", std::make_shared<torch::nn::Module>());
@@ -334,7 +334,7 @@ std::vector<GPTPart> gpt_stage_parts(const GPTConfig& config, int num_stages, in
                   "GPT pipeline: stage {} of {} would be empty (0 layers; only the first and last stages hold "
                   "the embedding or the head)",
                   s, num_stages);
-      parts[s] = GPTPart{s == 0, first, n, s == num_stages - 1};
+      parts[s] = GPTPart{s == 0, first, n, s == num_stages - 1, s};
       first += n;
     }
     TORUS_CHECK(first == L, InvalidArgument, "GPT pipeline: the layer counts per stage sum to {}, the model has {}",
@@ -353,6 +353,7 @@ std::vector<GPTPart> gpt_stage_parts(const GPTConfig& config, int num_stages, in
     part.head = e == L + 2;
     part.first_layer = std::max<int64_t>(b, 1) - 1;
     part.num_layers = std::min<int64_t>(e, L + 1) - 1 - part.first_layer;
+    part.stage = s;
     parts[s] = part;
   }
   return parts;

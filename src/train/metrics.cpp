@@ -10,39 +10,13 @@
 #include <fstream>
 #include <ostream>
 
+#include <nlohmann/json.hpp>
+
 #include "core/log.h"
 #include "torus/core/error.h"
 
 namespace torus::train {
 namespace {
-
-// Length of the valid UTF-8 sequence starting at s[i] (1..4), or 0 if the
-// bytes there do not form one (overlong forms, surrogates and code points
-// above U+10FFFF are invalid).
-size_t utf8_sequence_length(std::string_view s, size_t i) {
-  const auto b = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
-  const unsigned char c = b(i);
-  if (c < 0x80) return 1;
-  size_t n;
-  uint32_t cp;
-  if (c >= 0xC2 && c <= 0xDF)
-    n = 2, cp = c & 0x1F;
-  else if (c >= 0xE0 && c <= 0xEF)
-    n = 3, cp = c & 0x0F;
-  else if (c >= 0xF0 && c <= 0xF4)
-    n = 4, cp = c & 0x07;
-  else
-    return 0;
-  if (i + n > s.size()) return 0;
-  for (size_t k = 1; k < n; ++k) {
-    if ((b(i + k) & 0xC0) != 0x80) return 0;
-    cp = (cp << 6) | (b(i + k) & 0x3F);
-  }
-  if ((n == 3 && cp < 0x800) || (n == 4 && (cp < 0x10000 || cp > 0x10FFFF)) || (cp >= 0xD800 && cp <= 0xDFFF)) {
-    return 0;
-  }
-  return n;
-}
 
 // "3.0e-04" -> "3.0e-4", "1.0e+00" -> "1.0e0".
 std::string compact_exponent(double v, int decimals) {
@@ -59,88 +33,6 @@ std::string compact_exponent(double v, int decimals) {
 
 }  // namespace
 
-std::string json_quote(std::string_view s) {
-  std::string out;
-  out.reserve(s.size() + 2);
-  out.push_back('"');
-  for (size_t i = 0; i < s.size();) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        ++i;
-        continue;
-      case '\\':
-        out += "\\\\";
-        ++i;
-        continue;
-      case '\n':
-        out += "\\n";
-        ++i;
-        continue;
-      case '\r':
-        out += "\\r";
-        ++i;
-        continue;
-      case '\t':
-        out += "\\t";
-        ++i;
-        continue;
-      case '\b':
-        out += "\\b";
-        ++i;
-        continue;
-      case '\f':
-        out += "\\f";
-        ++i;
-        continue;
-      default:
-        break;
-    }
-    if (c < 0x20) {
-      out += fmt::format("\\u{:04x}", c);
-      ++i;
-      continue;
-    }
-    const size_t n = utf8_sequence_length(s, i);
-    if (n == 0) {
-      out += "\\ufffd";
-      ++i;
-    } else {
-      out.append(s.substr(i, n));
-      i += n;
-    }
-  }
-  out.push_back('"');
-  return out;
-}
-
-std::string JsonValue::to_json() const {
-  switch (kind_) {
-    case Kind::kString:
-      return json_quote(s_);
-    case Kind::kInt:
-      return fmt::format("{}", i_);
-    case Kind::kBool:
-      return b_ ? "true" : "false";
-    case Kind::kDouble:
-      return std::isfinite(d_) ? fmt::format("{}", d_) : "null";
-  }
-  return "null";
-}
-
-std::string json_object(const JsonFields& fields) {
-  std::string out = "{";
-  for (size_t i = 0; i < fields.size(); ++i) {
-    if (i > 0) out += ", ";
-    out += json_quote(fields[i].first);
-    out += ": ";
-    out += fields[i].second.to_json();
-  }
-  out += "}";
-  return out;
-}
-
 // --- JsonlWriter ----------------------------------------------------------------
 
 JsonlWriter::JsonlWriter(const std::string& path, bool truncate) : path_(path) {
@@ -155,8 +47,8 @@ JsonlWriter::~JsonlWriter() {
   if (file_ != nullptr) std::fclose(file_);
 }
 
-void JsonlWriter::write(const JsonFields& fields) {
-  std::string line = json_object(fields);
+void JsonlWriter::write(const nlohmann::ordered_json& record) {
+  std::string line = record.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
   line.push_back('\n');
   if (std::fwrite(line.data(), 1, line.size(), file_) != line.size() || std::fflush(file_) != 0) {
     int err = errno;
@@ -271,6 +163,8 @@ std::string format_step_line(const StepLine& s) {
     out += std::fabs(pct) < 10 ? fmt::format(" | MFU {:.1f}%", pct) : fmt::format(" | MFU {:.0f}%", pct);
   }
   if (!std::isnan(s.mem_bytes)) out += " | mem " + format_bytes(s.mem_bytes);
+  if (!std::isnan(s.loss_scale)) out += fmt::format(" | scale {:g}", s.loss_scale);
+  if (s.skipped >= 0) out += fmt::format(" | skipped {}", s.skipped);
   return out;
 }
 

@@ -22,7 +22,7 @@
 #include "torus/models/gpt.h"
 #include "torus/parallel/pipeline/partition.h"
 #include "torus/parallel/tensor/weight_grad.h"
-#include "torus/train/gpt_trainer.h"
+#include "torus/train/gpt_model.h"
 
 namespace torus::train {
 namespace {

@@ -48,7 +48,7 @@ def main():
                    TORUS_TIMEOUT_MS="30000", TORUS_LOG_LEVEL="warn")
         cmd = [args.exe, "--pp", "2", "--tp", "1", "--layers", "2", "--hidden", "64", "--heads", "2", "--seq", "32",
                "--batch", "8", "--micro-batches", "2", "--steps", "50", "--eval-interval", "0", "--threads", "1",
-               "--peak-gflops", "1", "--progress", "off", "--out", out, "--fail-rank", str(args.victim),
+               "--peak-tflops", "1", "--progress", "off", "--out", out, "--fail-rank", str(args.victim),
                "--fail-step", "3"]
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
 

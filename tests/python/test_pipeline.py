@@ -12,6 +12,7 @@ no communication:
   * the example script's option parsing (config file and flag precedence).
 """
 import importlib.util
+import json
 import math
 import os
 import pathlib
@@ -385,32 +386,34 @@ def test_training_utilities():
     assert train.peak_rss_bytes() > 0
 
 
-# ---- the example script ------------------------------------------------------------------
+# ---- the option table from Python ---------------------------------------------------------
 
 
-def load_example():
-    path = pathlib.Path(__file__).resolve().parents[2] / "examples" / "python" / "train_gpt.py"
-    spec = importlib.util.spec_from_file_location("train_gpt_example", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_example_options_config_file_and_precedence(tmp_path):
-    ex = load_example()
-    defaults = ex.parse_args([])
+def test_run_config_keywords_flags_and_config_files(tmp_path):
+    # Keywords, flags and config files all go through the C++ option table.
+    defaults = train.RunConfig()
     assert (defaults.tp, defaults.pp, defaults.dp, defaults.schedule, defaults.micro_batches) == (1, 1, 0, "1f1b", 4)
-    assert defaults.tie_embeddings and not defaults.sp
-    cfg = tmp_path / "run.cfg"
+    assert defaults.tie_embeddings and not defaults.sp and defaults.precision == "f32"
+    kw = train.RunConfig(tp=2, min_lr=2e-5, sp=True, precision="bf16", stage_layers="3,1")
+    assert (kw.tp, kw.min_lr, kw.sp, kw.precision, kw.stage_layers) == (2, 2e-5, True, "bf16", "3,1")
+    cfg = tmp_path / "run.toml"
     cfg.write_text("# a config file\nlayers = 3\nhidden = 48   # trailing comment\nmin_lr = 1e-5\n"
-                   "schedule = 'zb-h1'\nsp = yes\ntie-embeddings = off\nsteps = 999\n")
-    args = ex.parse_args(["--steps", "7", "--config", str(cfg), "--pp", "2", "--min_lr=2e-5"])
+                   "schedule = 'zb-h1'\nsp = true\ntie-embeddings = false\nsteps = 999\n")
+    args = train.RunConfig.from_args(["--steps", "7", "--config", str(cfg), "--pp", "2", "--min_lr=2e-5"])
     assert (args.layers, args.hidden, args.schedule, args.sp, args.tie_embeddings) == (3, 48, "zb-h1", True, False)
     assert (args.steps, args.pp, args.min_lr) == (7, 2, 2e-5)  # the command line wins
-    bad = tmp_path / "bad.cfg"
+    assert train.RunConfig.from_args(["--help"]) is None
+    bad = tmp_path / "bad.toml"
     bad.write_text("layers = 3\nlayrs = 4\n")
-    with pytest.raises(SystemExit) as e:
-        ex.parse_args(["--config", str(bad)])
-    assert e.value.code == 2
-    with pytest.raises(SystemExit):
-        ex.parse_args(["--schedul", "1f1b"])  # no abbreviations: a typo is an error
+    with pytest.raises(torus.InvalidArgument, match="layrs"):
+        train.RunConfig.from_args(["--config", str(bad)])
+    with pytest.raises(torus.InvalidArgument, match="schedul"):
+        train.RunConfig.from_args(["--schedul", "1f1b"])
+    with pytest.raises(torus.InvalidArgument, match="tpp"):
+        train.RunConfig(tpp=2)
+    with pytest.raises(torus.InvalidArgument, match="--precision"):
+        train.RunConfig(precision="f8").validate()
+    with pytest.raises(AttributeError):
+        defaults.no_such_option
+    assert json.loads(kw.to_json())["tp"] == 2
+    assert [n for n, _ in kw.values()] == train.run_option_names()

@@ -16,9 +16,11 @@ if(TORUS_BUILD_PYTHON)
                                ${CMAKE_CURRENT_LIST_DIR}/test_comm.py)
   endif()
 
-  # examples/python/train_gpt.py: --help, a bad flag, and a PP=2 run on 2 ranks (metrics, log, plot).
+  # examples/python/train_gpt.py: --help, a bad flag, a PP=2 run on 2 ranks (metrics, log, TensorBoard, plot),
+# and torus-train with the same options writing the same records.
   add_test(NAME python_train_example
            COMMAND ${TORUS_PYTHON_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/train_example_test.py ${TORUS_PYTHON_EXECUTABLE}
-                   ${PROJECT_BINARY_DIR}/python ${TORUS_MPIEXEC} ${TORUS_TEST_MPIRUN_FLAGS} -x TORUS_LOG_LEVEL=warn)
+                   ${PROJECT_BINARY_DIR}/python $<TARGET_FILE:torus-train> ${TORUS_MPIEXEC} ${TORUS_TEST_MPIRUN_FLAGS}
+                   -x TORUS_LOG_LEVEL=warn)
   set_tests_properties(python_train_example PROPERTIES TIMEOUT 600 LABELS "multirank;np2;python;train" PROCESSORS 1)
 endif()

@@ -1,6 +1,5 @@
-// Metrics: JSON string escaping (exact strings, and a round trip through a
-// small JSON string decoder written here), typed JSON objects, the JSON Lines
-// file, the step line and its number formats, the progress bar (drawn only
+// Metrics: the JSON Lines file (nlohmann-json records: order kept, NaN as
+// null, invalid UTF-8 replaced), the step line and its number formats, the progress bar (drawn only
 // when enabled; never on a non-terminal FILE*) and the RSS helpers.
 #include "torus/train/metrics.h"
 
@@ -14,127 +13,12 @@
 #include <sstream>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "torus/core/error.h"
 
 namespace torus::train {
 namespace {
-
-// Decodes one JSON string literal (quotes included) into UTF-8; fails the
-// test on malformed input. Independent of the encoder.
-std::string decode_json_string(const std::string& lit) {
-  EXPECT_GE(lit.size(), 2u);
-  EXPECT_EQ(lit.front(), '"');
-  EXPECT_EQ(lit.back(), '"');
-  std::string out;
-  for (size_t i = 1; i + 1 < lit.size(); ++i) {
-    unsigned char c = static_cast<unsigned char>(lit[i]);
-    EXPECT_GE(c, 0x20) << "raw control character in JSON string at " << i;
-    EXPECT_NE(c, '"') << "unescaped quote at " << i;
-    if (c != '\\') {
-      out.push_back(static_cast<char>(c));
-      continue;
-    }
-    char e = lit[++i];
-    switch (e) {
-      case '"':
-        out += '"';
-        break;
-      case '\\':
-        out += '\\';
-        break;
-      case '/':
-        out += '/';
-        break;
-      case 'b':
-        out += '\b';
-        break;
-      case 'f':
-        out += '\f';
-        break;
-      case 'n':
-        out += '\n';
-        break;
-      case 'r':
-        out += '\r';
-        break;
-      case 't':
-        out += '\t';
-        break;
-      case 'u': {
-        unsigned cp = std::stoul(lit.substr(i + 1, 4), nullptr, 16);
-        i += 4;
-        if (cp < 0x80) {
-          out += static_cast<char>(cp);
-        } else if (cp < 0x800) {
-          out += static_cast<char>(0xC0 | (cp >> 6));
-          out += static_cast<char>(0x80 | (cp & 0x3F));
-        } else {
-          out += static_cast<char>(0xE0 | (cp >> 12));
-          out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-          out += static_cast<char>(0x80 | (cp & 0x3F));
-        }
-        break;
-      }
-      default:
-        ADD_FAILURE() << "bad escape \\" << e;
-    }
-  }
-  return out;
-}
-
-TEST(Json, QuoteExactStrings) {
-  EXPECT_EQ(json_quote(""), "\"\"");
-  EXPECT_EQ(json_quote("plain"), "\"plain\"");
-  EXPECT_EQ(json_quote("a\"b\\c"), "\"a\\\"b\\\\c\"");
-  EXPECT_EQ(json_quote("l1\nl2\tx\r\b\f"), "\"l1\\nl2\\tx\\r\\b\\f\"");
-  EXPECT_EQ(json_quote(std::string("\x01\x1f\x7f", 3)), "\"\\u0001\\u001f\x7f\"");
-  EXPECT_EQ(json_quote(std::string("nul\0!", 5)), "\"nul\\u0000!\"");
-  // Valid UTF-8 passes through: e-acute (2 bytes), euro (3), an emoji (4).
-  EXPECT_EQ(json_quote("caf\xC3\xA9 \xE2\x82\xAC \xF0\x9F\x98\x80"), "\"caf\xC3\xA9 \xE2\x82\xAC \xF0\x9F\x98\x80\"");
-  // Invalid bytes become U+FFFD, one per byte.
-  EXPECT_EQ(json_quote("a\xFF"
-                       "b"),
-            "\"a\\ufffdb\"");
-  EXPECT_EQ(json_quote("\xC0\xAF"), "\"\\ufffd\\ufffd\"");                        // overlong '/'
-  EXPECT_EQ(json_quote("\xE2\x82"), "\"\\ufffd\\ufffd\"");                        // truncated euro
-  EXPECT_EQ(json_quote("\xED\xA0\x80"), "\"\\ufffd\\ufffd\\ufffd\"");             // a UTF-16 surrogate
-  EXPECT_EQ(json_quote("\xF4\x90\x80\x80"), "\"\\ufffd\\ufffd\\ufffd\\ufffd\"");  // above U+10FFFF
-}
-
-TEST(Json, QuoteRoundTrips) {
-  std::string all_controls;
-  for (int c = 0; c < 0x20; ++c) all_controls.push_back(static_cast<char>(c));
-  for (const std::string& s : {std::string("x"), all_controls, std::string("\"\\/'{}[]:,"),
-                               std::string("step 40 | loss 2.31\n"), std::string("\xC3\xA9\xE2\x82\xAC")}) {
-    EXPECT_EQ(decode_json_string(json_quote(s)), s);
-  }
-  // Invalid UTF-8 decodes to U+FFFD (EF BF BD).
-  EXPECT_EQ(decode_json_string(json_quote("\xFF")), "\xEF\xBF\xBD");
-}
-
-TEST(Json, ObjectWithTypedValues) {
-  const JsonFields f = {{"step", 40},
-                        {"loss", 2.5},
-                        {"lr", 3e-4},
-                        {"ok", true},
-                        {"phase", "train"},
-                        {"name", std::string("a\"b")},
-                        {"nan", std::nan("")},
-                        {"inf", -INFINITY},
-                        {"tokens", int64_t{1} << 40},
-                        {"u", 7u},
-                        {"huge", ~uint64_t{0}}};
-  EXPECT_EQ(json_object(f),
-            "{\"step\": 40, \"loss\": 2.5, \"lr\": 0.0003, \"ok\": true, \"phase\": \"train\", "
-            "\"name\": \"a\\\"b\", \"nan\": null, \"inf\": null, \"tokens\": 1099511627776, \"u\": 7, "
-            "\"huge\": 1.8446744073709552e+19}");
-  EXPECT_EQ(json_object({}), "{}");
-  EXPECT_EQ(JsonValue(1.0).to_json(), "1");
-  EXPECT_EQ(JsonValue(0.1).to_json(), "0.1");
-  EXPECT_EQ(JsonValue(false).kind(), JsonValue::Kind::kBool);
-  EXPECT_EQ(JsonValue("s").kind(), JsonValue::Kind::kString);
-  EXPECT_EQ(JsonValue(3).kind(), JsonValue::Kind::kInt);
-}
 
 std::string read_all(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -154,22 +38,30 @@ TEST(JsonlWriter, AppendsOneObjectPerLine) {
     EXPECT_EQ(w.path(), path);
     w.write({{"step", 0}, {"loss", 5.5}});
     // Flushed after each line: readable before the writer closes.
-    EXPECT_EQ(read_all(path), "{\"step\": 0, \"loss\": 5.5}\n");
-    w.write({{"step", 1}, {"loss", NAN}, {"note", "two\nlines"}});
+    EXPECT_EQ(read_all(path), "{\"step\":0,\"loss\":5.5}\n");
+    w.write({{"step", 1}, {"loss", NAN}, {"note", "two\nlines"}, {"raw", "a\xFF"}});
   }
-  EXPECT_EQ(read_all(path), "{\"step\": 0, \"loss\": 5.5}\n{\"step\": 1, \"loss\": null, \"note\": \"two\\nlines\"}\n");
+  const std::string two = read_all(path);
+  EXPECT_EQ(std::count(two.begin(), two.end(), '\n'), 2);
+  // Parsed back by an independent reader of the same library: NaN became
+  // null, the invalid byte U+FFFD, the key order is kept.
+  const auto second = nlohmann::ordered_json::parse(two.substr(two.find('\n') + 1));
+  EXPECT_TRUE(second["loss"].is_null());
+  EXPECT_EQ(second["note"], "two\nlines");
+  EXPECT_EQ(second["raw"], "a\xEF\xBF\xBD");
+  EXPECT_EQ(second.begin().key(), "step");
   {
     JsonlWriter w(path);  // appends
     w.write({{"k", true}});
   }
   const std::string three = read_all(path);
   EXPECT_EQ(std::count(three.begin(), three.end(), '\n'), 3);
-  EXPECT_EQ(three.substr(three.rfind('{')), "{\"k\": true}\n");
+  EXPECT_EQ(three.substr(three.rfind('{')), "{\"k\":true}\n");
   {
     JsonlWriter w(path, /*truncate=*/true);
     w.write({{"k", false}});
   }
-  EXPECT_EQ(read_all(path), "{\"k\": false}\n");
+  EXPECT_EQ(read_all(path), "{\"k\":false}\n");
   std::remove(path.c_str());
 
   try {
@@ -207,6 +99,9 @@ TEST(StepLine, ExactFormat) {
   t.lr = 2.5e-5;
   EXPECT_EQ(format_step_line(t), "step 7 | lr 2.5e-5 | MFU 4.5%");
   EXPECT_EQ(format_step_line(StepLine{}), "step 0");
+  t.loss_scale = 32768;
+  t.skipped = 2;
+  EXPECT_EQ(format_step_line(t), "step 7 | lr 2.5e-5 | MFU 4.5% | scale 32768 | skipped 2");
 }
 
 TEST(StepLine, BytesAndDurations) {

@@ -91,6 +91,8 @@ struct GPTPart {
   int64_t first_layer = 0;
   int64_t num_layers = -1;  // -1: through the last layer
   bool head = true;
+  // The pipeline stage this part is (its dropout streams: RngTracker's stage).
+  int stage = 0;
 };
 
 // ---- pipeline cuts -------------------------------------------------------------------

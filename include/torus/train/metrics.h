@@ -1,9 +1,9 @@
 // torus/train/metrics.h — what a training run reports: JSON Lines metric
-// files, a terminal progress bar, the one-line step summary, and process
-// memory. LibTorch-free.
+// files (JSON through nlohmann-json), a terminal progress bar, the one-line
+// step summary, and process memory. LibTorch-free.
 //
 //   JsonlWriter log("run/metrics.jsonl");
-//   log.write({{"step", step}, {"loss", loss}, {"lr", lr}, {"phase", "train"}});
+//   log.write({{"event", "step"}, {"step", step}, {"loss", loss}});   // nlohmann::ordered_json
 //
 //   ProgressBar bar(total_steps);              // draws only if stderr is a terminal
 //   bar.update(step + 1, tokens_per_s);
@@ -18,62 +18,13 @@
 #include <cstdio>
 #include <iosfwd>
 #include <limits>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <string_view>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
 namespace torus::train {
-
-// `s` as a JSON string literal, quotes included: '"' and '\' escaped, control
-// characters as \n \t \r \b \f or \u00XX, valid UTF-8 kept as is, and each
-// byte of an invalid UTF-8 sequence replaced by \ufffd (so that the output is
-// always valid JSON, even for raw model samples).
-std::string json_quote(std::string_view s);
-
-// One JSON value: a string, a number (int64 or double) or a bool. Non-finite
-// doubles are written as null. Implicit from the usual C++ types.
-class JsonValue {
- public:
-  enum class Kind { kString, kInt, kDouble, kBool };
-  JsonValue(const char* s) : kind_(Kind::kString), s_(s) {}
-  JsonValue(std::string_view s) : kind_(Kind::kString), s_(s) {}
-  JsonValue(const std::string& s) : kind_(Kind::kString), s_(s) {}
-  JsonValue(double d) : kind_(Kind::kDouble), d_(d) {}
-  JsonValue(float f) : kind_(Kind::kDouble), d_(f) {}
-  JsonValue(bool b) : kind_(Kind::kBool), b_(b) {}
-  // Any other integer type; an unsigned value above INT64_MAX becomes a double.
-  template <typename T>
-  requires(std::is_integral_v<T> && !std::is_same_v<T, bool> && !std::is_same_v<T, char>) JsonValue(T v) {
-    if constexpr (std::is_unsigned_v<T> && sizeof(T) >= sizeof(int64_t)) {
-      if (v > static_cast<T>(std::numeric_limits<int64_t>::max())) {
-        kind_ = Kind::kDouble;
-        d_ = static_cast<double>(v);
-        return;
-      }
-    }
-    kind_ = Kind::kInt;
-    i_ = static_cast<int64_t>(v);
-  }
-
-  Kind kind() const { return kind_; }
-  // The value as JSON text: numbers in shortest round-trip form.
-  std::string to_json() const;
-
- private:
-  Kind kind_ = Kind::kInt;
-  std::string s_;
-  int64_t i_ = 0;
-  double d_ = 0;
-  bool b_ = false;
-};
-
-using JsonFields = std::vector<std::pair<std::string, JsonValue>>;
-
-// `{"k": v, ...}` on one line, keys in the given order (duplicates are not
-// checked).
-std::string json_object(const JsonFields& fields);
 
 // Appends one JSON object per line to a file (JSON Lines), flushing after
 // each line so a crashed run keeps every line written. Not thread safe.
@@ -86,9 +37,11 @@ class JsonlWriter {
   JsonlWriter(const JsonlWriter&) = delete;
   JsonlWriter& operator=(const JsonlWriter&) = delete;
 
-  // Writes json_object(fields) and '\n', then flushes. Throws torus::Error
-  // if the write fails. Blocks on file I/O.
-  void write(const JsonFields& fields);
+  // Writes `record` as one line of JSON and '\n', then flushes: keys in
+  // insertion order, non-finite numbers as null, invalid UTF-8 bytes as
+  // U+FFFD (so raw model samples stay valid JSON). Throws torus::Error if
+  // the write fails. Blocks on file I/O.
+  void write(const nlohmann::ordered_json& record);
 
   const std::string& path() const { return path_; }
 
@@ -153,10 +106,13 @@ struct StepLine {
   double tokens_per_s = std::numeric_limits<double>::quiet_NaN();
   double mfu = std::numeric_limits<double>::quiet_NaN();  // a fraction: 0.11 prints "MFU 11%"
   double mem_bytes = std::numeric_limits<double>::quiet_NaN();
+  double loss_scale = std::numeric_limits<double>::quiet_NaN();  // fp16 runs: "scale 65536"
+  int64_t skipped = -1;  // steps skipped so far (fp16 overflow); < 0: left out
 };
 
 // "step 40 | loss 2.31 | val 2.40 | grad_norm 0.82 | lr 3.0e-4 | 1520 tok/s |
-// MFU 11% | mem 1.3 GiB": losses and grad norm with 2 decimals (grad norms
+// MFU 11% | mem 1.3 GiB" (+ " | scale 32768 | skipped 2" with a loss
+// scale): losses and grad norm with 2 decimals (grad norms
 // below 0.01 as 1.2e-3), lr as a 2-digit mantissa and exponent, tok/s
 // rounded, MFU in whole percent (one decimal below 10%), memory by
 // format_bytes().

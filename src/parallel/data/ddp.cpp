@@ -36,10 +36,18 @@ at::Tensor slot_view(const Bucket& b, const BucketSlot& s) {
   return b.flat.narrow(0, s.offset, s.numel).view(s.param.sizes());
 }
 
-// Makes param.grad the bucket view; keeps a gradient found elsewhere.
+// Makes param.grad the bucket view; keeps a gradient found elsewhere. A
+// separate slot (Note [Main gradients]) takes the gradient in: added into
+// the slice, .grad reset.
 bool install_view(const Bucket& b, const BucketSlot& s) {
   at::Tensor view = slot_view(b, s);
   at::Tensor& grad = const_cast<at::Tensor&>(s.param).mutable_grad();
+  if (s.separate) {
+    if (!grad.defined()) return false;
+    view.add_(grad.view(view.sizes()));
+    grad = at::Tensor();
+    return false;
+  }
   if (grad.defined() && grad.data_ptr() == view.data_ptr() && grad.sizes() == view.sizes()) return false;
   if (grad.defined()) {
     view.copy_(grad);
@@ -101,13 +109,15 @@ void DistributedDataParallel::init(std::vector<NamedParameter> params) {
                   p.name);
     }
     const comm::ProcessGroupPtr& g = partial ? partial_group : groups_.dp;
-    if (parallel::group_size(g) == 1) {
+    const c10::ScalarType gdt = grad_dtype_of(p.tensor);
+    const bool local = parallel::group_size(g) == 1;
+    if (local && gdt == p.tensor.scalar_type()) {
       unbucketed_.push_back(p.tensor);
       continue;
     }
-    auto key = std::make_tuple(static_cast<int>(p.tensor.scalar_type()), p.tensor.device().str(), partial ? 1 : 0);
+    auto key = std::make_tuple(static_cast<int>(gdt), p.tensor.device().str(), local ? 2 : partial ? 1 : 0);
     auto [it, added] = keys.emplace(key, static_cast<int>(keys.size()));
-    descs.push_back({p.tensor.numel(), static_cast<int64_t>(p.tensor.element_size()), it->second});
+    descs.push_back({p.tensor.numel(), static_cast<int64_t>(c10::elementSize(gdt)), it->second});
     hooked.push_back(std::move(p));
   }
 
@@ -119,12 +129,16 @@ void DistributedDataParallel::init(std::vector<NamedParameter> params) {
   slot_refs_.resize(hooked.size());
   // Shared CPU buckets are slices of one allocation, 64-byte aligned: the
   // peers then map one region per rank, not one per bucket.
+  auto is_local = [&](const BucketPlan& plan) {
+    const NamedParameter& p = hooked[plan.params.front()];
+    return parallel::group_size(p.spec.tp_partial_grad ? partial_group : groups_.dp) == 1;
+  };
   auto shared_bucket = [&](const BucketPlan& plan) {
     const at::Tensor& first = hooked[plan.params.front()].tensor;
-    return options_.shared_host_buckets && first.device().is_cpu();
+    return options_.shared_host_buckets && first.device().is_cpu() && !is_local(plan);
   };
   auto padded_bytes = [&](const BucketPlan& plan) {
-    const int64_t bytes = plan.numel * hooked[plan.params.front()].tensor.element_size();
+    const int64_t bytes = plan.numel * static_cast<int64_t>(c10::elementSize(grad_dtype_of(hooked[plan.params.front()].tensor)));
     return (bytes + 63) / 64 * 64;
   };
   int64_t shared_bytes = 0;
@@ -137,14 +151,15 @@ void DistributedDataParallel::init(std::vector<NamedParameter> params) {
     Bucket b;
     b.index = static_cast<int>(buckets_.size());
     const at::Tensor& first = hooked[plan.params.front()].tensor;
+    const c10::ScalarType gdt = grad_dtype_of(first);
     if (shared_bucket(plan)) {
-      b.flat = shared_raw.narrow(0, shared_at, plan.numel * first.element_size()).view(first.scalar_type());
+      b.flat = shared_raw.narrow(0, shared_at, plan.numel * static_cast<int64_t>(c10::elementSize(gdt))).view(gdt);
       shared_at += padded_bytes(plan);
     } else {
-      b.flat = at::zeros({plan.numel}, first.options().requires_grad(false));
+      b.flat = at::zeros({plan.numel}, first.options().dtype(gdt).requires_grad(false));
     }
     const bool partial = hooked[plan.params.front()].spec.tp_partial_grad;
-    b.group = partial ? partial_group : groups_.dp;
+    b.group = is_local(plan) ? nullptr : partial ? partial_group : groups_.dp;
     if (partial) {
       b.op = comm::ReduceOp::kSum;  // the TP part is a true sum; the dp part may be averaged
       b.post_scale = options_.average ? 1.0 / dp : 1.0;
@@ -154,7 +169,8 @@ void DistributedDataParallel::init(std::vector<NamedParameter> params) {
     for (size_t j = 0; j < plan.params.size(); ++j) {
       const NamedParameter& p = hooked[plan.params[j]];
       slot_refs_[plan.params[j]] = {b.index, static_cast<int>(b.slots.size())};
-      b.slots.push_back({p.name, p.tensor, plan.offsets[j], p.tensor.numel()});
+      by_param_[p.tensor.unsafeGetTensorImpl()] = slot_refs_[plan.params[j]];
+      b.slots.push_back({p.name, p.tensor, plan.offsets[j], p.tensor.numel(), gdt != p.tensor.scalar_type()});
     }
     b.pending = static_cast<int>(b.slots.size());
     buckets_.push_back(std::move(b));
@@ -210,6 +226,7 @@ void DistributedDataParallel::start_bucket_locked(Bucket& bucket, bool from_hook
       if (install_view(bucket, s)) ++stats_.grads_restored;
     }
   }
+  if (!bucket.group) return;  // a local bucket (Note [Main gradients]): nothing to reduce
   bucket.work = reducer_->start(bucket);
   ++(from_hook ? stats_.buckets_started_in_backward : stats_.buckets_started_late);
 }
@@ -235,6 +252,7 @@ void DistributedDataParallel::finish_grad_sync() {
     ~Reset() { self->reset_iteration_locked(); }
   } reset{this};
   for (auto& b : buckets_) {
+    if (!b.group) continue;
     b.work->wait();
     reducer_->finish(b);
   }
@@ -254,7 +272,19 @@ void DistributedDataParallel::reset_iteration_locked() {
 void DistributedDataParallel::zero_grad(bool set_to_none) {
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& b : buckets_) {
-    if (set_to_none) {
+    bool separate = false;
+    for (const auto& s : b.slots) separate |= s.separate;
+    if (separate) {
+      // Main gradients cannot be "None": the slices are zeroed.
+      b.flat.zero_();
+      for (const auto& s : b.slots) {
+        if (s.separate || set_to_none) {
+          const_cast<at::Tensor&>(s.param).mutable_grad() = at::Tensor();
+        } else {
+          install_view(b, s);
+        }
+      }
+    } else if (set_to_none) {
       for (const auto& s : b.slots) const_cast<at::Tensor&>(s.param).mutable_grad() = at::Tensor();
     } else {
       b.flat.zero_();
@@ -309,6 +339,24 @@ void DistributedDataParallel::set_reducer(std::unique_ptr<BucketReducer> reducer
   std::lock_guard<std::mutex> lock(mu_);
   TORUS_CHECK(!iteration_active_, InvalidArgument, "DDP: cannot replace the reducer during a synchronisation");
   reducer_ = std::move(reducer);
+}
+
+at::Tensor DistributedDataParallel::grad(const at::Tensor& param) const {
+  auto it = by_param_.find(param.unsafeGetTensorImpl());
+  if (it == by_param_.end()) return param.grad();
+  const Bucket& b = buckets_[it->second.bucket];
+  const BucketSlot& s = b.slots[it->second.slot];
+  return s.separate ? slot_view(b, s) : param.grad();
+}
+
+comm::ProcessGroupPtr DistributedDataParallel::reduce_group(const at::Tensor& param) const {
+  auto it = by_param_.find(param.unsafeGetTensorImpl());
+  return it == by_param_.end() ? nullptr : buckets_[it->second.bucket].group;
+}
+
+c10::ScalarType DistributedDataParallel::grad_dtype_of(const at::Tensor& param) const {
+  if (options_.grad_dtype && at::isFloatingType(param.scalar_type())) return *options_.grad_dtype;
+  return param.scalar_type();
 }
 
 DistributedDataParallel::Stats DistributedDataParallel::stats() const {

@@ -192,6 +192,19 @@ Schedule gpipe(int p, int m) {
   return s;
 }
 
+Schedule forward_only(int p, int m, int v) {
+  check_sizes("forward-only", p, m, v);
+  Schedule s = empty_schedule("forward-only", p, m, v);
+  s.forward_only = true;
+  for (auto& rank : s.actions) {
+    for (int i = 0; i < m; ++i) {
+      for (int c = 0; c < v; ++c) rank.push_back(compute(ActionKind::kForward, i, c));
+    }
+  }
+  add_communication(s);
+  return s;
+}
+
 Schedule one_f_one_b(int p, int m) {
   check_sizes("1f1b", p, m, 1);
   Schedule s = empty_schedule("1f1b", p, m, 1);

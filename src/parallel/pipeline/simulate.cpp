@@ -185,6 +185,7 @@ class Simulator {
         return Step::kDone;
       case ActionKind::kBackward:
       case ActionKind::kBackwardInput:
+        if (s_.forward_only) return fail(r, "is a backward in a forward-only schedule");
         if (f & (kInputGradDone | kFusedDone)) return fail(r, "runs a second backward of this micro-batch and chunk");
         if (!(f & kForwardDone)) return fail(r, "is a backward before its forward");
         if (!last && !(f & kGradReceived)) {
@@ -315,6 +316,8 @@ class Simulator {
           const std::string what = fmt::format("rank {} (stage {}) never runs", r, s_.stage(r, c));
           if (!(f & kForwardDone)) {
             out_.issues.push_back({r, -1, fmt::format("{} the Forward of micro-batch {}, chunk {}", what, mb, c)});
+          } else if (s_.forward_only) {
+            continue;
           } else if (f & kInputGradDone && !(f & kWeightGradDone)) {
             out_.issues.push_back(
                 {r, -1, fmt::format("{} the BackwardWeight of micro-batch {}, chunk {}", what, mb, c)});

@@ -1,2 +1,9 @@
-# The 3D-parallel GPT trainer (TP x PP x DP over one DeviceMesh).
-target_sources(torus PRIVATE ${CMAKE_CURRENT_LIST_DIR}/gpt_trainer.cpp)
+# The training engine (model, gradient-sync and optimizer seams; TP x PP x DP
+# over one DeviceMesh), the training loop, the MFU peak, and the model
+# adapters (the only files that name a model).
+target_sources(torus PRIVATE
+  ${CMAKE_CURRENT_LIST_DIR}/trainer.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/train_loop.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/peak_flops.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/../adapters/gpt_model.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/../adapters/registry.cpp)

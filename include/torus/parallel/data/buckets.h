@@ -55,13 +55,18 @@ struct BucketSlot {
   at::Tensor param;  // the parameter; param.grad() is a view of flat[offset : offset + numel]
   int64_t offset = 0;
   int64_t numel = 0;
+  // The bucket holds another dtype than the parameter (f32 main gradients of
+  // a half-precision parameter): param.grad() is not a view; each gradient
+  // autograd produces is added into flat[offset : offset + numel] and
+  // param.grad() is reset.
+  bool separate = false;
 };
 
 struct Bucket {
   int index = 0;
   at::Tensor flat;  // the flat gradient buffer
   std::vector<BucketSlot> slots;
-  comm::ProcessGroupPtr group;  // the ranks the gradients are reduced over
+  comm::ProcessGroupPtr group;  // the ranks the gradients are reduced over; null: kept local (never reduced)
   comm::ReduceOp op = comm::ReduceOp::kAvg;
   double post_scale = 1.0;  // multiplies the result after the collective (1: none)
 

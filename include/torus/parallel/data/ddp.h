@@ -31,6 +31,14 @@
 // gradient was never produced reduces its zeros (every rank must agree on the
 // buckets, so nothing is skipped).
 //
+// Note [Main gradients]: with DDPOptions::grad_dtype = f32 a bf16/f16
+// parameter's gradient is accumulated in an f32 bucket slice instead of its
+// .grad: the post-accumulation hook adds each fresh .grad (computed by
+// autograd in the parameter's dtype) into the slice and resets .grad, so
+// micro-batch sums and the reduction keep f32 precision. grad(p) returns the
+// slice (the GradSync seam); the optimizer and clipping read gradients
+// through it. Parameters of the bucket dtype are views as before.
+//
 // Contracts: one backward at a time; the wrapper must outlive every backward
 // it hooks (its destructor removes the hooks). The optimizer may set grads to
 // None (zero_grad(set_to_none)); the next backward restores the bucket views.
@@ -43,10 +51,13 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <unordered_map>
 #include <string>
 #include <vector>
 
 #include "torus/parallel/data/buckets.h"
+#include "torus/parallel/data/grad_sync.h"
 #include "torus/parallel/groups.h"
 #include "torus/parallel/tensor/sharding.h"
 
@@ -73,6 +84,12 @@ struct DDPOptions {
   // where the shared host allocator is installed (Note [Shared host
   // allocator]), ordinary heap memory where it is not.
   bool shared_host_buckets = true;
+  // Gradient buffers in this dtype for floating-point parameters of another
+  // dtype (f32 main gradients of bf16/f16 parameters, accumulated over the
+  // micro-batches and reduced in f32; Note [Main gradients]); unset: each
+  // parameter's own dtype. Such parameters get buckets even where nothing is
+  // reduced (a group of one rank): local buckets, never communicated.
+  std::optional<c10::ScalarType> grad_dtype;
 };
 
 // One parameter handed to the wrapper.
@@ -82,7 +99,11 @@ struct NamedParameter {
   tp::ShardSpec spec;  // replicated by default
 };
 
-class DistributedDataParallel {
+// DistributedDataParallel is the engine's GradSync (grad_sync.h) for plain
+// data parallelism: set_sync_enabled / start / finish / clear_grads map to
+// set_grad_sync_enabled / start_grad_sync / finish_grad_sync /
+// zero_grad(set_to_none = true); grad(p) is p's bucket view (p.grad()).
+class DistributedDataParallel : public GradSync {
  public:
   // Wraps every parameter of `module` (specs from tp::collect_shard_specs).
   // Collective over dp when broadcast_parameters (and dp has > 1 rank).
@@ -93,7 +114,7 @@ class DistributedDataParallel {
   // Wraps an explicit parameter list (the Python binding's entry point).
   DistributedDataParallel(std::vector<NamedParameter> params, const parallel::ParallelGroups& groups,
                           const DDPOptions& options = {});
-  ~DistributedDataParallel();
+  ~DistributedDataParallel() override;
   DistributedDataParallel(const DistributedDataParallel&) = delete;
   DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
 
@@ -147,6 +168,14 @@ class DistributedDataParallel {
 
   const std::vector<Bucket>& buckets() const { return buckets_; }
 
+  // GradSync.
+  void set_sync_enabled(bool enabled) override { set_grad_sync_enabled(enabled); }
+  void start() override { start_grad_sync(); }
+  void finish() override { finish_grad_sync(); }
+  void clear_grads() override { zero_grad(/*set_to_none=*/true); }
+  at::Tensor grad(const at::Tensor& param) const override;
+  comm::ProcessGroupPtr reduce_group(const at::Tensor& param) const override;
+
   struct Stats {
     int64_t syncs = 0;                        // completed synchronisations
     int64_t buckets_started_in_backward = 0;  // started from hooks (overlapped)
@@ -157,6 +186,7 @@ class DistributedDataParallel {
 
  private:
   void init(std::vector<NamedParameter> params);
+  c10::ScalarType grad_dtype_of(const at::Tensor& param) const;
   void on_grad_ready(size_t slot_index);
   void start_ready_buckets_locked();
   void start_bucket_locked(Bucket& bucket, bool from_hook);
@@ -177,6 +207,7 @@ class DistributedDataParallel {
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // kept alive (hooks live there)
   std::vector<uintptr_t> hook_keys_;
   std::vector<at::Tensor> unbucketed_;  // params reduced by nobody (groups of one)
+  std::unordered_map<const void*, SlotRef> by_param_;  // TensorImpl -> its slot
 
   mutable std::mutex mu_;
   bool sync_enabled_ = true;

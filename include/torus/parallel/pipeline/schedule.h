@@ -80,6 +80,8 @@ struct Schedule {
   int num_micro = 1;                         // m
   int num_chunks = 1;                        // v
   std::vector<std::vector<Action>> actions;  // actions[rank], in execution order
+  // Forwards only (evaluation): no backward actions, and none is expected.
+  bool forward_only = false;
 
   int num_stages() const { return num_ranks * num_chunks; }
   int stage(int rank, int chunk) const { return chunk * num_ranks + rank; }
@@ -131,6 +133,10 @@ Schedule interleaved_1f1b(int num_ranks, int num_micro, int num_chunks);
 // live activations p on every rank (the peak of 1F1B).
 Schedule zero_bubble_h1(int num_ranks, int num_micro);
 
+// Evaluation: every forward of every (micro, chunk), micro-batch after
+// micro-batch, each rank's chunks in stage order, with their activation
+// transfers; forward_only is set (simulate() then expects no backward).
+Schedule forward_only(int num_ranks, int num_micro, int num_chunks = 1);
 // Inserts the communication actions into a schedule holding only compute
 // actions, at the latest point for receives and the earliest for sends:
 // RecvActivation right before each forward that needs one, SendActivation

@@ -1,55 +1,55 @@
-// torus/train/gpt_trainer.h — the 3D composition: GPT trained with tensor,
-// sequence, pipeline and data parallelism from one DeviceMesh.
+// torus/train/trainer.h — the training engine: any train::Model (model.h)
+// trained with tensor, sequence, pipeline and data parallelism from one
+// DeviceMesh.
 //
 //   auto world = torus::init();
+//   auto model = std::make_shared<torus::train::GPTModel>(gpt_config);    // a model adapter
 //   torus::train::ParallelLayout layout{.tp = 2, .pp = 2, .dp = 2, .num_micro = 4};
-//   torus::train::GPTTrainer trainer(world, model_config, layout, optim_config);
+//   torus::train::Trainer trainer(world, model, layout, optim_config);
 //   for (int64_t step = 0; step < steps; ++step) {
 //     at::Tensor batch = ...;                    // [global_batch, seq + 1] int64, the same on every rank
 //     auto stats = trainer.train_step(batch, lr_schedule.at(step));
-//     if (trainer.is_logging_rank()) log(stats);  // every rank gets the same stats
 //   }
 //
-// Layout: the world is a mesh pp x dp x tp (tp innermost, DeviceMesh). Each
-// pipeline rank holds num_chunks model chunks (virtual stages; Note [Stage
-// layout] in schedule.h), cut from the GPT by models::gpt_stage_parts —
-// balanced by cost, or fixed layer counts per stage. Every chunk is a
-// models::GPT built with a GPTPart and the rank's TP group, so the shards a
-// rank holds are slices of the same single-process model (layout-independent
-// initialisation).
+// The loop around it (data, LR schedule, evaluation, logs, metrics) is
+// train::TrainLoop (train_loop.h); the engine composes the parts through
+// their seams and names no model:
+//  * the model (model.h): stage modules with global parameter names and
+//    shard specs, FLOPs, the cut into stages;
+//  * the gradient sync (parallel/data/grad_sync.h): DDP today;
+//  * the optimizer (optim/): AdamW etc. over parameter groups, with decay on
+//    the parameters the model marks;
+//  * clipping by the global norm over pp x tp, each element counted once
+//    (optim/clip.h).
+//
+// Layout: the world is a mesh pp x dp x tp (tp innermost). Each pipeline rank
+// holds num_chunks stages (virtual stages; Note [Stage layout] in
+// schedule.h).
 //
 // One training step (train_step):
 //  1. The global batch is split over dp (rows), then into num_micro
 //     micro-batches; stage 0 reads the tokens, the last stage the labels.
 //  2. The pipeline executor runs the schedule (GPipe, 1F1B, interleaved 1F1B
-//     or ZB-H1). Each micro-batch's loss is its mean token cross entropy
-//     divided by num_micro, so the step's gradient is that of the mean over
-//     the global batch, as in one process.
-//  3. Data-parallel gradient synchronisation is overlapped with the last
-//     micro-batches' backward: for every chunk, gradients only accumulate
-//     into its DDP buckets until that chunk's last backward, whose gradient
-//     hooks start the bucket all-reduces while the pipeline goes on with the
-//     remaining actions; they are waited for after the schedule.
-//  4. With tied embeddings and pp > 1 the first stage's word embedding and
-//     the last stage's copy of it add their gradients (one all-reduce between
-//     the two pipeline ranks of each dp x tp coordinate).
-//  5. Gradient clipping by the global norm, computed once over all stages and
-//     shards (optim::clip_grad_norm over the pp x tp group), then one AdamW
-//     step (optim::AdamW, fused; weight decay on matrices and embeddings only). A non-finite norm
-//     skips the step on every rank (StepStats::skipped).
+//     or ZB-H1). Each micro-batch's loss is its mean token loss divided by
+//     num_micro, so the step's gradient is that of the mean over the global
+//     batch, as in one process.
+//  3. Data-parallel gradient synchronisation overlaps the last micro-batches'
+//     backward: for every chunk, gradients only accumulate until that
+//     chunk's last backward, whose hooks start the reductions while the
+//     pipeline goes on; they are waited for after the schedule.
+//  4. Parameters a stage holds as a copy of another stage's (tied_to) add
+//     their gradients with the owner (one all-reduce per pair of ranks).
+//  5. Clipping by the global norm, then one optimizer step. A non-finite
+//     norm skips the step on every rank (StepStats::skipped).
 //
 // Split backward (ZB-H1), Note [Deferred weight gradients] (weight_grad.h):
 // forwards run with weight-gradient deferral on, so the input-gradient pass
-// runs the whole backward graph once but records the TP linear layers'
-// weight (and fc1 bias) gradients instead of computing them; the
-// weight-gradient pass computes those matmuls later and accumulates them
-// through autograd, so DP hooks fire as usual. No part of the backward is
-// computed twice.
+// records the TP linear layers' weight gradients; the weight-gradient pass
+// computes them later.
 //
 // Errors: every layout and size problem throws InvalidArgument before any
-// communication (sizes, divisibility of batch, micro-batches, heads,
-// sequence; schedule constraints). A failed or dead peer surfaces as
-// CommError / TimeoutError from train_step; the trainer is then unusable.
+// communication. A failed or dead peer surfaces as CommError / TimeoutError
+// from train_step; the trainer is then unusable.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -62,9 +62,9 @@
 
 #include "torus/comm/device_mesh.h"
 #include "torus/comm/process_group.h"
-#include "torus/models/gpt.h"
 #include "torus/parallel/pipeline/executor.h"
 #include "torus/parallel/pipeline/schedule.h"
+#include "torus/train/model.h"
 
 namespace torus::train {
 
@@ -77,7 +77,7 @@ struct ParallelLayout {
   int num_micro = 1;   // micro-batches per step on each dp rank
   int num_chunks = 1;  // virtual stages per pipeline rank (interleaved only)
   // Blocks per stage, stage = chunk * pp + pipeline rank (pp * num_chunks
-  // entries); empty: balanced by cost.
+  // entries); empty: balanced by the model.
   std::vector<int64_t> layers_per_stage;
 
   int num_stages() const { return pp * num_chunks; }
@@ -113,46 +113,40 @@ struct StepStats {
   bool skipped = false;    // non-finite gradient norm: no update
   double seconds = 0;      // wall time of train_step on this rank
   double pipeline_seconds = 0;  // of which running the schedule
-  double sync_seconds = 0;      // waiting for DP / tied-embedding sync, clipping
+  double sync_seconds = 0;      // waiting for DP / tied-parameter sync, clipping, the optimizer
   int64_t tokens = 0;      // tokens in the global batch
   int peak_live = 0;       // max micro-batches alive on this rank (executor)
 };
 
-class GPTTrainer {
+class Trainer {
  public:
-  // Collective over `world`: builds the mesh and its groups, the model
-  // chunks and the optimizer. Validates everything first (InvalidArgument,
-  // no communication). The model's sequence_parallel flag is taken from
-  // the layout.
-  GPTTrainer(comm::ProcessGroupPtr world, models::GPTConfig model, ParallelLayout layout, OptimizerConfig optim = {},
-             TrainerOptions options = {});
-  ~GPTTrainer();
-  GPTTrainer(const GPTTrainer&) = delete;
-  GPTTrainer& operator=(const GPTTrainer&) = delete;
+  // Collective over `world`: builds the mesh and its groups, the stage
+  // modules, the gradient sync and the optimizer. Validates everything
+  // first (InvalidArgument, no communication).
+  Trainer(comm::ProcessGroupPtr world, std::shared_ptr<const Model> model, ParallelLayout layout,
+          OptimizerConfig optim = {}, TrainerOptions options = {});
+  virtual ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
 
   // One optimizer step on `batch`: [global_batch, seq + 1] int64 tokens
   // (inputs are columns [0, seq), labels [1, seq]), the same tensor on every
   // rank. global_batch must divide into dp x num_micro equal parts and seq
-  // fit the model (and tp under sequence parallelism): InvalidArgument
-  // before any communication otherwise. `lr` < 0: OptimizerConfig::lr.
-  // Collective over the world; returns the same StepStats on every rank
-  // (times are this rank's).
+  // fit the model: InvalidArgument before any communication otherwise.
+  // `lr` < 0: OptimizerConfig::lr. Collective over the world; returns the
+  // same StepStats on every rank (times are this rank's).
   StepStats train_step(const at::Tensor& batch, double lr = -1);
 
   // Mean token loss of `batch` (same shape rules) without gradients: a
-  // forward-only pass through the pipeline. Collective; same value on every
-  // rank.
+  // forward-only schedule (pp::forward_only) run by the pipeline executor.
+  // Collective; same value on every rank.
   double evaluate(const at::Tensor& batch);
 
   // Full (TP-gathered, unpadded) tensors of the parameters this rank holds,
-  // by their names in the single-process GPT ("embedding.word.weight",
-  // "blocks.3.fc1.weight", ...). The last stage's copy of a tied embedding
-  // is "head.output" (it equals embedding.word.weight). Collective over tp.
+  // by global name; a stage's copy of another stage's parameter under its
+  // own name. Collective over tp.
   std::map<std::string, at::Tensor> gather_local_parameters() const;
 
-  // Parameters of the whole model (unpadded), and the model FLOPs of one
-  // token's forward and backward: 6 x (block and head matmul parameters) +
-  // 12 x layers x hidden x seq (attention), the usual MFU numerator.
   int64_t num_parameters() const;
   double flops_per_token(int64_t seq_len) const;
 
@@ -160,19 +154,18 @@ class GPTTrainer {
   bool is_logging_rank() const;
   const comm::DeviceMesh& mesh() const;
   const ParallelLayout& layout() const { return layout_; }
-  const models::GPTConfig& model_config() const { return config_; }
+  const Model& model() const { return *model_; }
   // This step's schedule (sized for num_micro).
   const pp::Schedule& schedule() const;
   // Which part of the model each stage holds ("embedding + blocks 0-1").
   std::vector<std::string> describe_stages() const;
-  // The executor's result of the last step on this rank: timings, peak live
-  // micro-batches, the action trace (TrainerOptions::record_trace).
+  // The executor's result of the last step on this rank.
   const pp::StepResult& last_pipeline_result() const;
   int64_t steps_taken() const;
 
  private:
   struct Impl;
-  models::GPTConfig config_;
+  std::shared_ptr<const Model> model_;
   ParallelLayout layout_;
   std::unique_ptr<Impl> impl_;
 };

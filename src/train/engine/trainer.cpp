@@ -1,12 +1,14 @@
-#include "torus/train/gpt_trainer.h"
+#include "torus/train/trainer.h"
 
 #include <ATen/Functions.h>
 #include <ATen/TensorOperators.h>
 #include <torch/csrc/autograd/autograd.h>
+#include <torch/nn/module.h>
 
 #include <chrono>
 #include <cmath>
 #include <map>
+#include <set>
 #include <utility>
 
 #include "core/log.h"
@@ -65,8 +67,9 @@ std::string ParallelLayout::describe() const {
 
 // ---- the engine ---------------------------------------------------------------------
 
-struct GPTTrainer::Impl : public pp::StageCallbacks {
-  models::GPTConfig config;
+struct Trainer::Impl : public pp::StageCallbacks {
+  std::shared_ptr<const Model> model;
+  ModelLayout model_layout;
   ParallelLayout layout;
   OptimizerConfig optim;
   TrainerOptions options;
@@ -75,20 +78,22 @@ struct GPTTrainer::Impl : public pp::StageCallbacks {
   std::unique_ptr<comm::DeviceMesh> mesh;
   parallel::ParallelGroups groups;
   comm::ProcessGroupPtr pp_group;    // the executor's (it owns the point-to-point tags)
-  comm::ProcessGroupPtr eval_group;  // forward-only passes
+  comm::ProcessGroupPtr eval_group;  // forward-only passes (their own tags)
   comm::ProcessGroupPtr mp_group;    // pp x tp: the global gradient norm
   comm::ProcessGroupPtr emb_group;   // first and last pipeline rank (tied embeddings), else null
   int P = 1, V = 1, S = 1, rank = 0;
 
-  std::vector<models::GPTPart> stage_parts;  // all S stages
-  std::vector<std::shared_ptr<models::GPT>> chunks;
-  std::vector<std::unique_ptr<dp::DistributedDataParallel>> ddps;  // per chunk, null if nothing to reduce
+  std::vector<std::unique_ptr<StageModule>> chunks;
+  std::vector<std::unique_ptr<dp::GradSync>> syncs;  // per chunk, null if nothing to reduce
   std::unique_ptr<optim::AdamW> optimizer;
   std::vector<optim::GradNormEntry> norm_entries;
-  at::Tensor tied_param;  // this rank's copy of a tied embedding shared with another stage
+  std::vector<at::Tensor> tied_params;  // parameters shared with another stage (owner or copy), in name order
 
   pp::Schedule schedule;
   std::unique_ptr<pp::PipelineExecutor> executor;
+  pp::Schedule eval_schedule;  // forward only, sized for num_micro
+  std::unique_ptr<pp::PipelineExecutor> eval_executor;
+  bool evaluating = false;
   pp::StepResult last_result;
   int64_t steps = 0;
 
@@ -110,19 +115,23 @@ struct GPTTrainer::Impl : public pp::StageCallbacks {
   // ---- StageCallbacks ----
 
   at::Tensor forward(int micro, int chunk, const at::Tensor& input) override {
-    auto& model = chunks.at(chunk);
+    auto& module = chunks.at(chunk);
     const int stage = stage_of(chunk);
+    if (evaluating) {
+      at::Tensor out = module->forward(stage == 0 ? inputs.at(micro) : input);
+      return stage == S - 1 ? module->loss(out, labels.at(micro)).detach() : out.contiguous();
+    }
     Saved sv;
     at::Tensor out;
     tp::DeferWeightGradGuard defer(split_backward);
     if (stage == 0) {
-      out = model->forward(inputs.at(micro));
+      out = module->forward(inputs.at(micro));
     } else {
       sv.input = input.detach().requires_grad_(true);
-      out = model->forward(sv.input);
+      out = module->forward(sv.input);
     }
     if (stage == S - 1) {
-      at::Tensor loss = model->head()->loss(out, labels.at(micro));
+      at::Tensor loss = module->loss(out, labels.at(micro));
       sv.root = loss / static_cast<double>(layout.num_micro);
       saved[{micro, chunk}] = std::move(sv);
       return loss.detach();
@@ -147,8 +156,8 @@ struct GPTTrainer::Impl : public pp::StageCallbacks {
   // silently.
   void set_sync_for_pass(int chunk, std::vector<int>& passes) {
     const int done = ++passes.at(chunk);
-    auto& ddp = ddps.at(chunk);
-    if (ddp && options.overlap_grad_sync) ddp->set_grad_sync_enabled(done == layout.num_micro);
+    auto& sync = syncs.at(chunk);
+    if (sync && options.overlap_grad_sync) sync->set_sync_enabled(done == layout.num_micro);
   }
 
   // Split backward (Note [Deferred weight gradients]): the input-gradient
@@ -197,15 +206,15 @@ struct GPTTrainer::Impl : public pp::StageCallbacks {
   // Splits the global batch: this dp rank's rows, then num_micro micro-batches.
   void load_batch(const at::Tensor& batch, const char* what) {
     TORUS_CHECK(batch.defined() && batch.dim() == 2 && batch.scalar_type() == at::kLong, InvalidArgument,
-                "GPTTrainer::{}: batch must be a [global_batch, seq + 1] int64 tensor", what);
+                "Trainer::{}: batch must be a [global_batch, seq + 1] int64 tensor", what);
     const int64_t rows = batch.size(0), seq = batch.size(1) - 1;
     const int64_t parts = int64_t{layout.dp} * layout.num_micro;
     TORUS_CHECK(rows >= parts && rows % parts == 0, InvalidArgument,
-                "GPTTrainer::{}: a global batch of {} rows does not split into dp x micro-batches = {} x {} equal parts",
+                "Trainer::{}: a global batch of {} rows does not split into dp x micro-batches = {} x {} equal parts",
                 what, rows, layout.dp, layout.num_micro);
-    TORUS_CHECK(seq >= 1, InvalidArgument, "GPTTrainer::{}: the batch needs at least 2 columns (seq + 1)", what);
-    config.validate_sequence(seq, layout.tp);
-    at::Tensor local = batch.chunk(layout.dp, 0)[groups.dp_rank()].to(config.device);
+    TORUS_CHECK(seq >= 1, InvalidArgument, "Trainer::{}: the batch needs at least 2 columns (seq + 1)", what);
+    model->validate_sequence(seq, model_layout);
+    at::Tensor local = batch.chunk(layout.dp, 0)[groups.dp_rank()].to(model->device());
     inputs.clear();
     labels.clear();
     for (const at::Tensor& mb : local.chunk(layout.num_micro, 0)) {
@@ -214,14 +223,12 @@ struct GPTTrainer::Impl : public pp::StageCallbacks {
     }
   }
 
-  int64_t hidden_rows(int64_t seq) const { return config.sequence_parallel ? seq / layout.tp : seq; }
-
   void zero_grads() {
     for (size_t c = 0; c < chunks.size(); ++c) {
-      if (ddps[c]) {
-        ddps[c]->zero_grad(/*set_to_none=*/true);  // backward copies each gradient in: one pass
+      if (syncs[c]) {
+        syncs[c]->clear_grads();  // backward copies each gradient in: one pass
       } else {
-        for (auto& p : chunks[c]->parameters()) {
+        for (auto& p : chunks[c]->module()->parameters()) {
           if (p.grad().defined()) p.mutable_grad().zero_();
         }
       }
@@ -238,21 +245,22 @@ struct GPTTrainer::Impl : public pp::StageCallbacks {
   }
 };
 
-GPTTrainer::GPTTrainer(comm::ProcessGroupPtr world, models::GPTConfig model, ParallelLayout layout,
-                       OptimizerConfig optim, TrainerOptions options)
-    : config_(std::move(model)), layout_(std::move(layout)), impl_(std::make_unique<Impl>()) {
-  TORUS_CHECK(world != nullptr, InvalidArgument, "GPTTrainer: the world group is null");
+Trainer::Trainer(comm::ProcessGroupPtr world, std::shared_ptr<const Model> model, ParallelLayout layout,
+                 OptimizerConfig optim, TrainerOptions options)
+    : model_(std::move(model)), layout_(std::move(layout)), impl_(std::make_unique<Impl>()) {
+  TORUS_CHECK(world != nullptr, InvalidArgument, "Trainer: the world group is null");
+  TORUS_CHECK(model_ != nullptr, InvalidArgument, "Trainer: the model is null");
   // Everything is validated before the first collective.
   layout_.validate(world->size());
-  config_.sequence_parallel = layout_.sequence_parallel;
-  config_.validate(layout_.tp);
+  Impl& m = *impl_;
+  m.model = model_;
+  m.model_layout = ModelLayout{layout_.tp, layout_.sequence_parallel, layout_.num_stages(), layout_.layers_per_stage};
+  model_->validate(m.model_layout);
   TORUS_CHECK(optim.lr >= 0 && optim.weight_decay >= 0 && optim.eps > 0 && optim.beta1 >= 0 && optim.beta1 < 1 &&
                   optim.beta2 >= 0 && optim.beta2 < 1 && optim.grad_clip >= 0,
               InvalidArgument,
-              "GPTTrainer: bad optimizer settings (lr {}, weight_decay {}, betas ({}, {}), eps {}, grad_clip {})",
+              "Trainer: bad optimizer settings (lr {}, weight_decay {}, betas ({}, {}), eps {}, grad_clip {})",
               optim.lr, optim.weight_decay, optim.beta1, optim.beta2, optim.eps, optim.grad_clip);
-  Impl& m = *impl_;
-  m.config = config_;
   m.layout = layout_;
   m.optim = optim;
   m.options = options;
@@ -260,9 +268,11 @@ GPTTrainer::GPTTrainer(comm::ProcessGroupPtr world, models::GPTConfig model, Par
   m.P = layout_.pp;
   m.V = layout_.num_chunks;
   m.S = layout_.num_stages();
-  m.stage_parts = models::gpt_stage_parts(config_, m.S, config_.max_seq_len, layout_.layers_per_stage);
+  const std::vector<std::string> stages = model_->describe_stages(m.model_layout);
   m.schedule = pp::make_schedule({layout_.schedule, m.P, layout_.num_micro, m.V});
   pp::check_schedule(m.schedule);
+  m.eval_schedule = pp::forward_only(m.P, layout_.num_micro, m.V);
+  pp::check_schedule(m.eval_schedule);
 
   // Collective from here on.
   m.mesh = std::make_unique<comm::DeviceMesh>(
@@ -275,49 +285,52 @@ GPTTrainer::GPTTrainer(comm::ProcessGroupPtr world, models::GPTConfig model, Par
   m.pp_group = m.mesh->group("pp");
   m.mp_group = m.mesh->group(std::vector<std::string>{"pp", "tp"});
   m.eval_group = m.pp_group->split(0, m.rank, "pp.eval");
-  // Tied embeddings across stages: the first and last pipeline ranks of each
-  // dp x tp coordinate form a pair (split is collective over the world).
-  const bool split_tie = config_.tie_embeddings && m.S > 1;
+
+  for (int c = 0; c < m.V; ++c) m.chunks.push_back(model_->build_stage(m.stage_of(c), m.model_layout, m.groups));
+
+  // Parameters held by two stages (tie_key): the ranks of the copies in
+  // each dp x tp coordinate form a group (split is collective over the world).
+  std::string tie_key;
+  for (const auto& chunk : m.chunks) {
+    for (const auto& p : chunk->parameters()) {
+      if (p.tie_key.empty()) continue;
+      TORUS_CHECK(tie_key.empty() || tie_key == p.tie_key, Unsupported,
+                  "Trainer: the model ties two different parameters across stages ('{}' and '{}'); one is supported",
+                  tie_key, p.tie_key);
+      tie_key = p.tie_key;
+      m.tied_params.push_back(p.tensor);
+    }
+  }
   {
     const int dp_tp_index = m.mesh->coord("dp") * layout_.tp + m.mesh->coord("tp");
-    const bool holder = split_tie && (m.rank == 0 || m.rank == m.P - 1);
-    m.emb_group = world->split(holder ? dp_tp_index : -1, m.rank, "embedding");
+    m.emb_group = world->split(m.tied_params.empty() ? -1 : dp_tp_index, m.rank, "tied");
+    if (m.emb_group && m.emb_group->size() < 2) m.emb_group = nullptr;  // both copies on this rank
   }
 
   for (int c = 0; c < m.V; ++c) {
-    const models::GPTPart& part = m.stage_parts[m.stage_of(c)];
-    auto gpt = std::make_shared<models::GPT>(config_, m.groups, part);
-    m.chunks.push_back(gpt);
-    std::unique_ptr<dp::DistributedDataParallel> ddp;
-    if (m.groups.dp_size() > 1 || (m.groups.tp_size() > 1 && config_.sequence_parallel)) {
+    std::unique_ptr<dp::GradSync> sync;
+    if (m.groups.dp_size() > 1 || (m.groups.tp_size() > 1 && layout_.sequence_parallel)) {
       dp::DDPOptions o;
       o.bucket_cap_bytes = options.bucket_cap_bytes;
       o.overlap = options.overlap_grad_sync;
       o.finish_in_backward = false;
       o.broadcast_parameters = false;  // layout-independent init: dp replicas start equal
-      ddp = std::make_unique<dp::DistributedDataParallel>(gpt, m.groups, o);
+      std::vector<dp::NamedParameter> named;
+      for (const auto& p : m.chunks[c]->parameters()) named.push_back({p.name, p.tensor, p.spec});
+      sync = std::make_unique<dp::DistributedDataParallel>(std::move(named), m.groups, o);
     }
-    m.ddps.push_back(std::move(ddp));
+    m.syncs.push_back(std::move(sync));
   }
 
-  // Optimizer: decay matrices and embeddings (dim >= 2), not gains and biases.
+  // Optimizer groups: the model says which parameters decay. Clipping counts
+  // shards everywhere, TP-replicated parameters on TP rank 0, copies of a
+  // tied parameter nowhere (the owner counts it).
   std::vector<at::Tensor> decay, no_decay;
-  for (size_t c = 0; c < m.chunks.size(); ++c) {
-    auto& gpt = m.chunks[c];
-    const tp::ShardSpecs specs = tp::collect_shard_specs(*gpt);
-    for (const auto& item : gpt->named_parameters()) {
-      const at::Tensor& p = item.value();
-      (p.dim() >= 2 ? decay : no_decay).push_back(p);
-      auto spec = specs.find(item.key());
-      const bool sharded = spec != specs.end() && spec->second.sharded();
-      bool counted = sharded || m.groups.tp_rank() == 0;
-      if (split_tie && item.key() == "head.output") {
-        // The last stage's copy of the tied word embedding: counted once, on stage 0.
-        counted = false;
-        m.tied_param = p;
-      }
-      if (split_tie && item.key() == "embedding.word.weight") m.tied_param = p;
-      m.norm_entries.push_back({p, counted});
+  for (const auto& chunk : m.chunks) {
+    for (const auto& p : chunk->parameters()) {
+      (p.weight_decay ? decay : no_decay).push_back(p.tensor);
+      const bool counted = !p.tie_copy && (p.spec.sharded() || m.groups.tp_rank() == 0);
+      m.norm_entries.push_back({p.tensor, counted});
     }
   }
   m.optimizer = std::make_unique<optim::AdamW>(
@@ -325,57 +338,60 @@ GPTTrainer::GPTTrainer(comm::ProcessGroupPtr world, models::GPTConfig model, Par
       optim::AdamWOptions{.lr = optim.lr, .beta1 = optim.beta1, .beta2 = optim.beta2, .eps = optim.eps});
 
   pp::ExecutorOptions eo;
-  eo.device = config_.device;
+  eo.device = model_->device();
   eo.recv_prefetch = options.recv_prefetch;
   eo.record_trace = options.record_trace;
   // Edge shapes are agreed on the first step (Note [Shape agreement]).
   m.executor = std::make_unique<pp::PipelineExecutor>(m.pp_group, eo);
+  eo.record_trace = false;
+  m.eval_executor = std::make_unique<pp::PipelineExecutor>(m.eval_group, eo);
   m.weight_passes.assign(m.V, 0);
   m.input_passes.assign(m.V, 0);
   for (const auto& actions : m.schedule.actions) {
     for (const auto& a : actions) m.split_backward |= a.kind == pp::ActionKind::kBackwardInput;
   }
-
-  std::vector<std::string> stages = describe_stages();
   for (int c = 0; c < m.V; ++c) {
     TORUS_LOG_DEBUG("trainer: pipeline rank {} chunk {} = stage {}: {}", m.rank, c, m.stage_of(c),
                     stages[m.stage_of(c)]);
   }
 }
 
-GPTTrainer::~GPTTrainer() = default;
+Trainer::~Trainer() = default;
 
-StepStats GPTTrainer::train_step(const at::Tensor& batch, double lr) {
+StepStats Trainer::train_step(const at::Tensor& batch, double lr) {
   Impl& m = *impl_;
   const auto t0 = Clock::now();
   m.load_batch(batch, "train_step");
-  TORUS_CHECK(!(lr < 0) || m.optim.lr >= 0, InvalidArgument, "GPTTrainer::train_step: no learning rate");
+  TORUS_CHECK(!(lr < 0) || m.optim.lr >= 0, InvalidArgument, "Trainer::train_step: no learning rate");
   const double step_lr = lr >= 0 ? lr : m.optim.lr;
-  for (auto& c : m.chunks) c->train();
+  for (auto& c : m.chunks) c->module()->train();
 
   // 1-2. The pipeline, with DP sync off until each chunk's last backward.
-  for (auto& ddp : m.ddps) {
-    if (ddp) ddp->set_grad_sync_enabled(false);
+  for (auto& sync : m.syncs) {
+    if (sync) sync->set_sync_enabled(false);
   }
   std::fill(m.weight_passes.begin(), m.weight_passes.end(), 0);
   std::fill(m.input_passes.begin(), m.input_passes.end(), 0);
   m.saved.clear();
   m.stores.clear();
+  m.evaluating = false;
   m.last_result = m.executor->run(m.schedule, m);
   const auto t_pipe = Clock::now();
 
-  // 3. Finish the DP all-reduces (started from the last backward's hooks).
-  for (auto& ddp : m.ddps) {
-    if (!ddp) continue;
-    ddp->set_grad_sync_enabled(true);
-    ddp->start_grad_sync();
-    ddp->finish_grad_sync();
+  // 3. Finish the DP reductions (started from the last backward's hooks).
+  for (auto& sync : m.syncs) {
+    if (!sync) continue;
+    sync->set_sync_enabled(true);
+    sync->start();
+    sync->finish();
   }
-  // 4. Tied embeddings: the two copies add their gradients.
-  if (m.emb_group && m.tied_param.defined()) {
-    at::Tensor g = m.tied_param.grad();
-    TORUS_CHECK(g.defined() && g.is_contiguous(), Error, "trainer: the tied embedding has no contiguous gradient");
-    m.emb_group->all_reduce(g)->wait();
+  // 4. Tied parameters: the owner and its copy add their gradients.
+  if (m.emb_group) {
+    for (const at::Tensor& p : m.tied_params) {
+      at::Tensor g = p.grad();
+      TORUS_CHECK(g.defined() && g.is_contiguous(), Error, "trainer: a tied parameter has no contiguous gradient");
+      m.emb_group->all_reduce(g)->wait();
+    }
   }
   // 5. Global norm, clipping, one optimizer step.
   const optim::ClipResult clip = optim::clip_grad_norm(m.norm_entries, m.optim.grad_clip, m.mp_group);
@@ -406,81 +422,46 @@ StepStats GPTTrainer::train_step(const at::Tensor& batch, double lr) {
   return st;
 }
 
-double GPTTrainer::evaluate(const at::Tensor& batch) {
+double Trainer::evaluate(const at::Tensor& batch) {
   Impl& m = *impl_;
   m.load_batch(batch, "evaluate");
   at::NoGradGuard no_grad;
-  for (auto& c : m.chunks) c->eval();
-  const int64_t seq = batch.size(1) - 1;
-  const int64_t micro_rows = batch.size(0) / (int64_t{m.layout.dp} * m.layout.num_micro);
-  const at::TensorOptions hopts = at::TensorOptions().dtype(config_.dtype).device(config_.device);
-  // Forward only: micro-batch after micro-batch, each rank's chunks in stage
-  // order. Every receive waits for an earlier (micro, stage) in the same
-  // order on its sender, so this cannot deadlock; sends are awaited at the end.
-  std::vector<comm::WorkPtr> sends;
-  std::vector<at::Tensor> in_flight;
+  for (auto& c : m.chunks) c->module()->eval();
+  m.evaluating = true;
+  struct Reset {
+    bool& flag;
+    ~Reset() { flag = false; }
+  } reset{m.evaluating};
+  const pp::StepResult r = m.eval_executor->run(m.eval_schedule, m);
   double local = 0;
-  for (int b = 0; b < m.layout.num_micro; ++b) {
-    for (int c = 0; c < m.V; ++c) {
-      const int s = m.stage_of(c);
-      at::Tensor x;
-      if (s == 0) {
-        x = m.chunks[c]->forward(m.inputs[b]);
-      } else {
-        at::Tensor in = at::empty({m.hidden_rows(seq), micro_rows, config_.hidden}, hopts);
-        m.eval_group->recv(in, (s - 1) % m.P, {.tag = b * m.S + s})->wait();
-        x = m.chunks[c]->forward(in);
-      }
-      if (s == m.S - 1) {
-        local += m.chunks[c]->head()->loss(x, m.labels[b]).item<double>();
-      } else {
-        at::Tensor out = x.contiguous();
-        in_flight.push_back(out);
-        sends.push_back(m.eval_group->send(out, (s + 1) % m.P, {.tag = b * m.S + s + 1}));
-      }
-    }
+  if (m.rank == m.P - 1) {
+    for (const at::Tensor& l : r.losses) local += l.item<double>();
+    local /= static_cast<double>(m.layout.num_micro);
   }
-  for (auto& w : sends) w->wait();
-  local /= static_cast<double>(m.layout.num_micro);
-  return m.share_loss(m.rank == m.P - 1 ? local : 0.0, m.eval_group);
+  return m.share_loss(local, m.eval_group);
 }
 
-std::map<std::string, at::Tensor> GPTTrainer::gather_local_parameters() const {
+std::map<std::string, at::Tensor> Trainer::gather_local_parameters() const {
   std::map<std::string, at::Tensor> out;
   for (const auto& c : impl_->chunks) {
-    for (auto& [name, t] : tp::gather_full_parameters(*c, impl_->groups.tp)) out[name] = t;
+    for (auto& [name, t] : c->gather_full_parameters(impl_->groups.tp)) out[name] = t;
   }
   return out;
 }
 
-int64_t GPTTrainer::num_parameters() const {
-  const int64_t h = config_.hidden, L = config_.num_layers, f = config_.ffn(), v = config_.vocab_size;
-  const int64_t block = 2 * h + (3 * h * h + 2 * h) + (h * h + h) + 2 * h + (h * f + f) + (f * h + h);
-  int64_t n = v * h + config_.max_seq_len * h + L * block + 2 * h;
-  if (!config_.tie_embeddings) n += v * h;
-  return n;
-}
+int64_t Trainer::num_parameters() const { return model_->num_parameters(); }
+double Trainer::flops_per_token(int64_t seq_len) const { return model_->flops_per_token(seq_len); }
 
-double GPTTrainer::flops_per_token(int64_t seq_len) const {
-  const double h = config_.hidden, L = config_.num_layers, f = config_.ffn(), v = config_.vocab_size;
-  const double matmul_params = L * (4 * h * h + 2 * h * f) + v * h;
-  return 6.0 * matmul_params + 12.0 * L * h * static_cast<double>(seq_len);
-}
-
-bool GPTTrainer::is_logging_rank() const {
+bool Trainer::is_logging_rank() const {
   const Impl& m = *impl_;
   return m.rank == m.P - 1 && m.groups.dp_rank() == 0 && m.groups.tp_rank() == 0;
 }
 
-const comm::DeviceMesh& GPTTrainer::mesh() const { return *impl_->mesh; }
-const pp::Schedule& GPTTrainer::schedule() const { return impl_->schedule; }
-const pp::StepResult& GPTTrainer::last_pipeline_result() const { return impl_->last_result; }
-int64_t GPTTrainer::steps_taken() const { return impl_->steps; }
+const comm::DeviceMesh& Trainer::mesh() const { return *impl_->mesh; }
+const pp::Schedule& Trainer::schedule() const { return impl_->schedule; }
+const pp::StepResult& Trainer::last_pipeline_result() const { return impl_->last_result; }
+int64_t Trainer::steps_taken() const { return impl_->steps; }
 
-std::vector<std::string> GPTTrainer::describe_stages() const {
-  std::vector<std::string> out;
-  for (const auto& part : impl_->stage_parts) out.push_back(models::describe_part(part, config_.num_layers));
-  return out;
-}
+std::vector<std::string> Trainer::describe_stages() const { return model_->describe_stages(impl_->model_layout); }
 
 }  // namespace torus::train

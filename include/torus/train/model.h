@@ -1,0 +1,121 @@
+// torus/train/model.h — the model seam of the training engine: what a model
+// cut into pipeline stages provides to train::Trainer.
+//
+// The engine knows models only through these two interfaces. A model
+// (train::Model) describes itself — sizes, FLOPs, how it cuts into stages —
+// and builds, for this rank, the StageModule of each pipeline stage the rank
+// holds, sharded over the tensor-parallel group it is given. The reference
+// GPT is the first implementation (gpt_trainer.h: GPTModel); Llama-family
+// and MoE models plug in the same way.
+//
+// Contracts:
+//  * Layout independence: with the same seed, the shards a StageModule holds
+//    are slices of the single-process model's parameters, whatever tp, pp or
+//    the cut (the correctness contract of DESIGN.md rests on this).
+//  * Global names: StageParameter::name is the parameter's name in the
+//    single-process model ("blocks.3.fc1.weight"): optimizer state,
+//    state_dict() and checkpoints are keyed by it. Parameters held by two
+//    stages (a tied word embedding on the first and the last stage) carry
+//    the same tie_key; the copy that is not the owner names itself
+//    ("head.output") and sets tie_copy. The engine adds the copies'
+//    gradients and counts the owner once.
+//  * forward(): the first stage takes tokens [b, s] (int64), every other
+//    stage the previous stage's output; one tensor of one shape per edge and
+//    micro-batch size (pipeline Note [Shape agreement]). loss() on the last
+//    stage returns the mean token loss of the micro-batch as an f32 scalar,
+//    whatever the parameter dtype.
+//  * Block boundaries: block_layers() lists the global indices of the blocks
+//    a stage holds — the units activation recompute wraps (the model applies
+//    the recompute policy it was built with at those boundaries) and that
+//    ZeRO-3 will gather.
+//  * Errors: validate() throws InvalidArgument before any communication when
+//    the model cannot be laid out so; build_stage() does not communicate.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "torus/comm/process_group.h"
+#include "torus/parallel/groups.h"
+#include "torus/parallel/tensor/sharding.h"
+#include "torus/train/run_config.h"
+
+namespace torch::nn {
+class Module;
+}
+
+namespace torus::train {
+
+struct StageParameter {
+  std::string name;  // global (single-process) name
+  at::Tensor tensor;  // this rank's shard
+  tp::ShardSpec spec;
+  // Non-empty: one of the copies of a parameter that several stages hold
+  // (a tied word embedding on the first and the last stage), all with this
+  // key; their gradients add. One key per model at most.
+  std::string tie_key;
+  bool tie_copy = false;     // a copy that is not the owner: clipping does not count it
+  bool weight_decay = true;  // matrices and embeddings decay; gains and biases do not
+};
+
+class StageModule {
+ public:
+  virtual ~StageModule() = default;
+  // The module that owns the stage's parameters (train()/eval(), hooks).
+  virtual std::shared_ptr<torch::nn::Module> module() const = 0;
+  virtual at::Tensor forward(const at::Tensor& input) = 0;
+  // Last stage: mean token loss against labels [b, s], an f32 scalar.
+  virtual at::Tensor loss(const at::Tensor& output, const at::Tensor& labels) = 0;
+  virtual std::vector<StageParameter> parameters() const = 0;
+  // Full (TP-gathered, unpadded) values of the stage's parameters by global
+  // name. Collective over `tp` (null: one rank).
+  virtual std::map<std::string, at::Tensor> gather_full_parameters(const comm::ProcessGroupPtr& tp) const = 0;
+  virtual std::vector<int64_t> block_layers() const = 0;
+  // The stage's dropout streams (random.h RngTracker), by stream name
+  // ("replicated", "sharded": the latter differs per TP rank), and setting
+  // them back (state_dict / load_state_dict of the engine).
+  virtual std::map<std::string, at::Tensor> rng_state() const = 0;
+  virtual void set_rng_state(const std::map<std::string, at::Tensor>& state) = 0;
+};
+
+struct ModelLayout {
+  int tp = 1;
+  bool sequence_parallel = false;
+  int num_stages = 1;
+  std::vector<int64_t> blocks_per_stage;  // empty: the model balances the cut
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+  virtual std::string name() const = 0;
+  // Throws InvalidArgument when the model cannot be laid out so. Pure.
+  virtual void validate(const ModelLayout& layout) const = 0;
+  // Throws InvalidArgument unless a batch of `seq_len` tokens fits.
+  virtual void validate_sequence(int64_t seq_len, const ModelLayout& layout) const = 0;
+  // What each of layout.num_stages stages holds ("embedding + blocks 0-1").
+  virtual std::vector<std::string> describe_stages(const ModelLayout& layout) const = 0;
+  // The module of `stage` for this rank, sharded over groups.tp. The model's
+  // dropout streams are per stage (random.h: RngTracker's stage).
+  virtual std::unique_ptr<StageModule> build_stage(int stage, const ModelLayout& layout,
+                                                   const parallel::ParallelGroups& groups) const = 0;
+  virtual int64_t num_parameters() const = 0;
+  // Model FLOPs of one token's forward and backward at `seq_len` (the MFU
+  // numerator; recompute is not counted).
+  virtual double flops_per_token(int64_t seq_len) const = 0;
+  virtual c10::ScalarType param_dtype() const = 0;
+  virtual c10::Device device() const = 0;
+};
+
+// The model adapter named by config.model, sized by the config's model
+// options (--layers, --hidden, ...; --precision picks the parameter dtype).
+// Throws InvalidArgument for an unknown model or bad sizes. The only place
+// that maps a name to a model (src/train/adapters/registry.cpp).
+std::shared_ptr<Model> make_model(const RunConfig& config);
+
+}  // namespace torus::train

@@ -1,0 +1,139 @@
+// torus/train/run_config.h — every option of a training run, in one table.
+//
+// RunConfig is the value a training run is built from: the model, the
+// parallel layout, precision, recompute, optimizer, schedule of the learning
+// rate, data, evaluation and output. The option table that fills it is
+// written once (src/train/run_config.cpp, on CLI11) and serves every front
+// end:
+//
+//   * the C++ command line:   torus-train --tp 2 --pp 2 --precision bf16
+//   * config files:           torus-train --config run.toml   (`name = value` lines)
+//   * Python keyword arguments: torus.train.RunConfig(tp=2, pp=2, precision="bf16")
+//     (the binding turns each keyword into `--name=value` and calls
+//     parse_run_config, so Python accepts exactly what the CLI accepts).
+//
+//   torus::train::RunConfig cfg;
+//   if (torus::train::parse_run_config(argc, argv, cfg) == torus::train::ParseOutcome::kHelp) {
+//     std::cout << torus::train::run_config_help("torus-train");
+//     return 0;
+//   }
+//
+// Forms: `--name value`, `--name=value`; bools as `--flag`, `--no-flag` or
+// `--flag=true|false` (also 1/0, yes/no, on/off). A dash and an underscore
+// are the same in option names (`--min_lr` is `--min-lr`), on the command
+// line and in config files.
+//
+// Note [Option precedence]: config files (--config FILE, TOML/INI style
+// `name = value` lines, `#` comments) are read first; every flag given on the
+// command line overrides the file, wherever it stands.
+//
+// Errors: an unknown option, a missing or malformed value, a value outside
+// its set (e.g. --precision f8), an unreadable config file: InvalidArgument
+// naming the option. parse_run_config leaves `out` unchanged on error.
+// validate() checks the values against each other (no communication).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace torus::train {
+
+struct RunConfig {
+  // --- model -----------------------------------------------------------------
+  std::string model = "gpt";  // the model adapter (train/model.h); "gpt": the reference GPT
+  int64_t layers = 4;
+  int64_t hidden = 128;
+  int64_t heads = 4;
+  int64_t ffn = 0;  // 0: 4 x hidden
+  int64_t seq = 128;
+  double dropout = 0.0;
+  bool tie_embeddings = true;
+
+  // --- precision and memory ----------------------------------------------------
+  std::string precision = "f32";  // f32 | bf16 | fp16 (f64 for tests)
+  bool autocast = false;          // LibTorch autocast over f32 parameters (bf16 on CPU, --precision's half on CUDA)
+  std::string grad_dtype = "f32";  // gradient accumulation buffers: f32 | param
+  double loss_scale = 0;           // fp16: 0 = dynamic scaling, > 0 = this constant scale
+  double initial_loss_scale = 65536;
+  int64_t loss_scale_window = 2000;  // clean steps before the scale doubles
+  int hysteresis = 1;                // overflows tolerated before the scale halves
+  double min_loss_scale = 1;
+  std::string recompute = "none";  // none | full | every:K | selective
+
+  // --- layout ------------------------------------------------------------------
+  int tp = 1;
+  int pp = 1;
+  int dp = 0;  // 0: world / (tp x pp)
+  bool sp = false;
+  std::string schedule = "1f1b";
+  int micro_batches = 4;  // per data-parallel rank: the gradient accumulation of a step
+  int chunks = 1;
+  std::string stage_layers;  // "3,1": blocks per stage
+
+  // --- optimizer and schedule ----------------------------------------------------
+  std::string optimizer = "adamw";  // sgd | adam | adamw
+  double lr = 1e-3;
+  double min_lr = 1e-4;
+  int64_t warmup = -1;  // -1: 30 steps, at most steps / 10
+  double weight_decay = 0.1;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double momentum = 0.9;  // sgd
+  bool nesterov = false;  // sgd
+  double grad_clip = 1.0;
+
+  // --- run -----------------------------------------------------------------------
+  int64_t steps = 600;
+  int64_t batch = 16;  // global batch in sequences
+  int64_t seed = 1234;
+
+  // --- data and evaluation ---------------------------------------------------------
+  std::string data;  // empty: the default corpus (train/corpus.h)
+  double val_fraction = 0.1;
+  int64_t eval_interval = 100;
+  int64_t eval_batches = 2;
+
+  // --- output ----------------------------------------------------------------------
+  std::string out = "runs/torus-train";
+  int64_t log_interval = 1;
+  std::string progress = "auto";  // auto | on | off
+  bool tensorboard = true;        // <out>/tb/events.out.tfevents.*
+  double peak_tflops = 0;         // the job's peak for MFU (0: the device's, measured once per host on CPU)
+  int threads = 0;                // intra-op threads per rank (0: cores / local ranks)
+
+  // --- fault injection (tests) -----------------------------------------------------
+  int fail_rank = -1;
+  int64_t fail_step = -1;
+
+  // Throws InvalidArgument naming the option when values do not fit together
+  // (ranges, enumerations, the warm-up against the steps, ...). Pure.
+  void validate() const;
+  // The warm-up actually used: `warmup`, or min(30, steps / 10) when -1.
+  int64_t warmup_steps() const;
+  // The blocks per stage of --stage-layers ("3,1" -> {3, 1}; empty: {}).
+  std::vector<int64_t> stage_layer_counts() const;
+
+  // Every option as (name, value text), in table order: numbers in shortest
+  // round-trip form, bools true/false.
+  std::vector<std::pair<std::string, std::string>> values() const;
+  // The same as one JSON object with typed values.
+  std::string to_json() const;
+};
+
+enum class ParseOutcome { kOk, kHelp };
+
+// Parses argv[1..argc) into `out` (which holds the defaults). See the header
+// comment for forms, config files and errors.
+ParseOutcome parse_run_config(int argc, const char* const* argv, RunConfig& out);
+ParseOutcome parse_run_config(const std::vector<std::string>& args, RunConfig& out);
+
+// The --help text of a program built on the table.
+std::string run_config_help(const std::string& program, const std::string& description = "");
+
+// Option names in table order (for bindings and tests).
+std::vector<std::string> run_option_names();
+
+}  // namespace torus::train

@@ -1,0 +1,114 @@
+// torus/train/train_loop.h — the training loop that torus-train and Python
+// both drive: data, learning-rate schedule, gradient accumulation (the
+// micro-batches of a step), evaluation cadence, the step line, metrics JSONL,
+// TensorBoard scalars, progress and the end-of-run summary.
+//
+//   auto world = torus::init();
+//   torus::train::RunConfig cfg;                      // or parse_run_config(argc, argv, cfg)
+//   cfg.tp = 2; cfg.pp = 2; cfg.steps = 200;
+//   torus::train::TrainLoop loop(world, cfg);         // collective: builds the engine
+//   torus::train::RunSummary s = loop.run();          // collective: every step
+//
+// What a run writes (on the logging rank: last pipeline stage, dp 0, tp 0):
+//  * lines through the sink (set_line_sink; default: the logger at info):
+//    a header (layout, model, stages, data, peak), one line per
+//    --log-interval steps, e.g.
+//      step 40 | loss 2.31 | val 2.40 | grad_norm 0.82 | lr 3.0e-4 | 1520 tok/s | MFU 11% | mem 1.3 GiB
+//    and a final summary line;
+//  * <out>/metrics.jsonl: one "config" record (every option, the layout, the
+//    parameter count, the peak), one "step" record per step, one "end"
+//    record. Records of the C++ and the Python front end are identical for
+//    the same options, apart from times;
+//  * <out>/tb/events.out.tfevents.*: scalars train/loss, val/loss, lr,
+//    grad_norm, loss_scale, tokens_per_s, mfu, mem_bytes (--tensorboard);
+//  * a progress bar on stderr when it is a terminal (--progress).
+// `python3 -m torus.plot <out>` draws the curves from metrics.jsonl.
+//
+// Note [Honest MFU]: MFU = model FLOPs per second / the job's peak. Model
+// FLOPs come from Model::flops_per_token (recompute not counted) times the
+// global tokens per second of the step. The peak: --peak-tflops if given;
+// on CUDA the device's documented dense peak for the parameter dtype
+// (peak_flops.h) times the ranks; on CPU measured once per host with every
+// core busy — local rank 0 of each host runs a GEMM of the run's dtype on
+// all cores while the host's other ranks wait — summed over hosts. Measured
+// this way an MFU above 100% cannot happen unless the GEMM measurement is
+// slower than the model, which the loop reports as a warning.
+//
+// Errors: a bad config throws InvalidArgument before any communication; a
+// failed peer ends in CommError / TimeoutError from run().
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "torus/comm/process_group.h"
+#include "torus/train/run_config.h"
+
+namespace torus::train {
+
+class Trainer;
+
+// One step as the loop records it (the JSONL "step" record).
+struct StepRecord {
+  int64_t step = 0;
+  double loss = 0;
+  double val_loss = std::numeric_limits<double>::quiet_NaN();  // NaN: no evaluation this step
+  double grad_norm = 0;
+  double clip = 1;
+  double lr = 0;
+  double tokens_per_s = 0;
+  double mfu = std::numeric_limits<double>::quiet_NaN();
+  double mem_bytes = 0;  // peak resident set size, max over ranks
+  double step_s = 0;
+  double pipeline_s = 0;
+  double sync_s = 0;
+  bool skipped = false;
+  int peak_live_micro = 0;
+};
+
+struct RunSummary {
+  int64_t steps = 0;
+  double wall_s = 0;
+  double tokens_per_s = 0;  // tokens of the run / seconds inside train_step
+  double first_loss = 0;
+  double final_loss = 0;
+  double final_val_loss = std::numeric_limits<double>::quiet_NaN();
+  std::string out_dir;
+};
+
+class TrainLoop {
+ public:
+  // Validates the config (InvalidArgument, before any communication), loads
+  // the corpus, then builds the model adapter named by config.model and the
+  // engine over `world` (collective) and measures the peak (collective).
+  TrainLoop(comm::ProcessGroupPtr world, RunConfig config, std::string program = "torus-train");
+  ~TrainLoop();
+  TrainLoop(const TrainLoop&) = delete;
+  TrainLoop& operator=(const TrainLoop&) = delete;
+
+  // Where the header, step and summary lines go (the logging rank only).
+  void set_line_sink(std::function<void(std::string_view)> sink);
+  // Called on every rank after every step (after the record is written).
+  void on_step(std::function<void(const StepRecord&)> observer);
+  // Called on every rank before every step with its 0-based index.
+  void on_step_begin(std::function<void(int64_t)> observer);
+
+  // Runs config.steps steps. Collective. Returns the same summary on every
+  // rank (losses from the logging rank).
+  RunSummary run();
+
+  Trainer& trainer();
+  const RunConfig& config() const;
+  // The job's peak FLOP/s used for MFU (Note [Honest MFU]); 0: unknown.
+  double peak_flops() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace torus::train

@@ -1,0 +1,141 @@
+// The GPT model adapter (gpt_model.h): the only place in the training engine
+// that names the GPT.
+#include "torus/train/gpt_model.h"
+
+#include <torch/nn/module.h>
+
+#include "core/log.h"
+#include "torus/parallel/tensor/sharding.h"
+
+namespace torus::train {
+namespace {
+
+constexpr const char* kTieKey = "word_embedding";
+
+class GPTStage : public StageModule {
+ public:
+  GPTStage(std::shared_ptr<models::GPT> gpt, bool tied_copy_stage, bool tied_owner_stage)
+      : gpt_(std::move(gpt)), tied_copy_stage_(tied_copy_stage), tied_owner_stage_(tied_owner_stage) {}
+
+  std::shared_ptr<torch::nn::Module> module() const override { return gpt_; }
+  at::Tensor forward(const at::Tensor& input) override { return gpt_->forward(input); }
+  at::Tensor loss(const at::Tensor& output, const at::Tensor& labels) override {
+    TORUS_CHECK(gpt_->head() != nullptr, InvalidArgument, "GPT stage: loss() on a stage without the head");
+    return gpt_->head()->loss(output, labels);
+  }
+
+  std::vector<StageParameter> parameters() const override {
+    const tp::ShardSpecs specs = tp::collect_shard_specs(*gpt_);
+    std::vector<StageParameter> out;
+    for (const auto& item : gpt_->named_parameters()) {
+      StageParameter p;
+      p.name = item.key();
+      p.tensor = item.value();
+      auto spec = specs.find(item.key());
+      if (spec != specs.end()) p.spec = spec->second;
+      p.weight_decay = p.tensor.dim() >= 2;
+      if (tied_copy_stage_ && p.name == "head.output") {
+        p.tie_key = kTieKey;
+        p.tie_copy = true;
+      }
+      if (tied_owner_stage_ && p.name == "embedding.word.weight") p.tie_key = kTieKey;
+      out.push_back(std::move(p));
+    }
+    return out;
+  }
+
+  std::map<std::string, at::Tensor> gather_full_parameters(const comm::ProcessGroupPtr& tp) const override {
+    return tp::gather_full_parameters(*gpt_, tp);
+  }
+
+  std::vector<int64_t> block_layers() const override {
+    std::vector<int64_t> out;
+    const int64_t first = gpt_->blocks().empty() ? 0 : first_layer_;
+    for (size_t i = 0; i < gpt_->blocks().size(); ++i) out.push_back(first + static_cast<int64_t>(i));
+    return out;
+  }
+  void set_first_layer(int64_t first) { first_layer_ = first; }
+
+  std::map<std::string, at::Tensor> rng_state() const override {
+    const tp::RngTracker::State st = gpt_->rng()->get_state();
+    return {{"replicated", st.replicated}, {"sharded", st.sharded}};
+  }
+  void set_rng_state(const std::map<std::string, at::Tensor>& state) override {
+    auto get = [&](const char* name) {
+      auto it = state.find(name);
+      TORUS_CHECK(it != state.end(), InvalidArgument, "GPT stage: the RNG state has no '{}' stream", name);
+      return it->second;
+    };
+    gpt_->rng()->set_state({get("replicated"), get("sharded")});
+  }
+
+ private:
+  std::shared_ptr<models::GPT> gpt_;
+  bool tied_copy_stage_;
+  bool tied_owner_stage_;
+  int64_t first_layer_ = 0;
+};
+
+models::GPTConfig with_layout(models::GPTConfig c, const ModelLayout& layout) {
+  c.sequence_parallel = layout.sequence_parallel;
+  return c;
+}
+
+}  // namespace
+
+std::vector<models::GPTPart> GPTModel::parts(const ModelLayout& layout) const {
+  return models::gpt_stage_parts(config_, layout.num_stages, config_.max_seq_len, layout.blocks_per_stage);
+}
+
+void GPTModel::validate(const ModelLayout& layout) const {
+  with_layout(config_, layout).validate(layout.tp);
+  (void)parts(layout);
+}
+
+void GPTModel::validate_sequence(int64_t seq_len, const ModelLayout& layout) const {
+  with_layout(config_, layout).validate_sequence(seq_len, layout.tp);
+}
+
+std::vector<std::string> GPTModel::describe_stages(const ModelLayout& layout) const {
+  std::vector<std::string> out;
+  for (const auto& part : parts(layout)) out.push_back(models::describe_part(part, config_.num_layers));
+  return out;
+}
+
+std::unique_ptr<StageModule> GPTModel::build_stage(int stage, const ModelLayout& layout,
+                                                   const parallel::ParallelGroups& groups) const {
+  const std::vector<models::GPTPart> all = parts(layout);
+  TORUS_CHECK(stage >= 0 && stage < static_cast<int>(all.size()), InvalidArgument,
+              "GPTModel: stage {} of {} stages", stage, all.size());
+  const models::GPTPart& part = all[stage];
+  const bool split_tie = config_.tie_embeddings && layout.num_stages > 1;
+  auto gpt = std::make_shared<models::GPT>(with_layout(config_, layout), groups, part);
+  auto s = std::make_unique<GPTStage>(gpt, split_tie && part.head && !part.embedding,
+                                      split_tie && part.embedding && !part.head);
+  s->set_first_layer(part.first_layer);
+  return s;
+}
+
+int64_t GPTModel::num_parameters() const {
+  const int64_t h = config_.hidden, L = config_.num_layers, f = config_.ffn(), v = config_.vocab_size;
+  const int64_t block = 2 * h + (3 * h * h + 2 * h) + (h * h + h) + 2 * h + (h * f + f) + (f * h + h);
+  int64_t n = v * h + config_.max_seq_len * h + L * block + 2 * h;
+  if (!config_.tie_embeddings) n += v * h;
+  return n;
+}
+
+double GPTModel::flops_per_token(int64_t seq_len) const {
+  const double h = config_.hidden, L = config_.num_layers, f = config_.ffn(), v = config_.vocab_size;
+  const double matmul_params = L * (4 * h * h + 2 * h * f) + v * h;
+  return 6.0 * matmul_params + 12.0 * L * h * static_cast<double>(seq_len);
+}
+
+GPTTrainer::GPTTrainer(comm::ProcessGroupPtr world, models::GPTConfig model, ParallelLayout layout,
+                       OptimizerConfig optim, TrainerOptions options)
+    : Trainer(std::move(world), std::make_shared<GPTModel>(std::move(model)), std::move(layout), optim, options) {}
+
+const models::GPTConfig& GPTTrainer::model_config() const {
+  return static_cast<const GPTModel&>(model()).config();
+}
+
+}  // namespace torus::train

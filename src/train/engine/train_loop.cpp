@@ -1,0 +1,293 @@
+// The training loop (train_loop.h): the one loop of torus-train and Python.
+#include "torus/train/train_loop.h"
+
+#include <ATen/Functions.h>
+#include <ATen/Parallel.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "core/log.h"
+#include "torus/comm/context.h"
+#include "torus/device/device.h"
+#include "torus/train/corpus.h"
+#include "torus/train/lr_schedule.h"
+#include "torus/train/metrics.h"
+#include "torus/train/model.h"
+#include "torus/train/peak_flops.h"
+#include "torus/train/tensorboard.h"
+#include "torus/train/trainer.h"
+
+namespace torus::train {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using Json = nlohmann::ordered_json;
+
+double all_reduce_scalar(const comm::ProcessGroupPtr& world, double v, comm::ReduceOp op) {
+  at::Tensor t = at::full({1}, v, at::TensorOptions().dtype(at::kDouble));
+  if (world->size() > 1) world->all_reduce(t, {.op = op})->wait();
+  return t.item<double>();
+}
+
+at::Tensor to_tensor(const std::vector<int64_t>& tokens, int64_t rows, int64_t cols) {
+  return at::from_blob(const_cast<int64_t*>(tokens.data()), {rows, cols}, at::TensorOptions().dtype(at::kLong))
+      .clone();
+}
+
+// A JSON number, or null when not finite (JSON has no NaN).
+Json number(double v) { return std::isfinite(v) ? Json(v) : Json(nullptr); }
+
+ParallelLayout layout_of(const RunConfig& c, int world_size) {
+  TORUS_CHECK(world_size % (c.tp * c.pp) == 0, InvalidArgument, "--tp x --pp = {} x {} does not divide the {} ranks",
+              c.tp, c.pp, world_size);
+  ParallelLayout l;
+  l.tp = c.tp;
+  l.pp = c.pp;
+  l.dp = c.dp > 0 ? c.dp : world_size / (c.tp * c.pp);
+  l.sequence_parallel = c.sp;
+  l.schedule = pp::schedule_kind_from_name(c.schedule);
+  l.num_micro = c.micro_batches;
+  l.num_chunks = c.chunks;
+  l.layers_per_stage = c.stage_layer_counts();
+  l.validate(world_size);
+  return l;
+}
+
+}  // namespace
+
+struct TrainLoop::Impl {
+  comm::ProcessGroupPtr world;
+  RunConfig cfg;
+  std::string program;
+  ParallelLayout layout;
+  LrSchedule lr;
+  Corpus corpus = Corpus::from_bytes({}, "<none>");
+  CorpusSplit split;
+  std::unique_ptr<BatchSampler> train_data, val_data;
+  std::shared_ptr<const Model> model;
+  std::unique_ptr<Trainer> trainer;
+  double peak = 0;
+  std::function<void(std::string_view)> sink;
+  std::vector<std::function<void(const StepRecord&)>> observers;
+  std::vector<std::function<void(int64_t)>> begin_observers;
+
+  void line(const std::string& text) const {
+    if (sink) {
+      sink(text);
+    } else {
+      TORUS_LOG_INFO("{}", text);
+    }
+  }
+};
+
+TrainLoop::TrainLoop(comm::ProcessGroupPtr world, RunConfig config, std::string program)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  TORUS_CHECK(world != nullptr, InvalidArgument, "TrainLoop: the world group is null");
+  config.validate();
+  m.world = std::move(world);
+  m.cfg = std::move(config);
+  m.program = std::move(program);
+  const RunConfig& c = m.cfg;
+  // Everything that needs no communication first.
+  m.layout = layout_of(c, m.world->size());
+  m.lr = LrSchedule{c.lr, c.min_lr, c.warmup_steps(), c.steps};
+  m.lr.validate();
+  m.model = make_model(c);
+  m.corpus = Corpus::load(c.data.empty() ? default_corpus_path() : c.data);
+  m.split = m.corpus.split(c.val_fraction);
+  m.train_data = std::make_unique<BatchSampler>(m.split.train, c.seq, c.batch, static_cast<uint64_t>(c.seed),
+                                                "training split");
+  m.val_data = std::make_unique<BatchSampler>(m.split.val, c.seq, c.batch, static_cast<uint64_t>(c.seed) ^ 0x5eedull,
+                                              "validation split");
+  {
+    const int local = std::max(1, m.world->context()->launch().local_size);
+    const int cores = static_cast<int>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN)));
+    at::set_num_threads(c.threads > 0 ? c.threads : std::max(1, cores / local));
+  }
+
+  OptimizerConfig optim;
+  optim.lr = c.lr;
+  optim.weight_decay = c.weight_decay;
+  optim.beta1 = c.beta1;
+  optim.beta2 = c.beta2;
+  optim.eps = c.eps;
+  optim.grad_clip = c.grad_clip;
+  m.trainer = std::make_unique<Trainer>(m.world, m.model, m.layout, optim);
+
+  // Note [Honest MFU].
+  if (c.peak_tflops > 0) {
+    m.peak = c.peak_tflops * 1e12;
+  } else if (m.model->device().is_cuda()) {
+    const auto props = device::get_device(DeviceType::kCUDA).properties(std::max<int>(0, m.model->device().index()));
+    m.peak = cuda_dense_peak_flops(props.name, m.model->param_dtype()) * m.world->size();
+    if (m.peak == 0) TORUS_LOG_WARN("train: no documented peak for '{}': MFU is left out", props.name);
+  } else {
+    m.peak = measure_job_cpu_peak_flops(m.world, m.model->param_dtype());
+  }
+}
+
+TrainLoop::~TrainLoop() = default;
+
+void TrainLoop::set_line_sink(std::function<void(std::string_view)> sink) { impl_->sink = std::move(sink); }
+void TrainLoop::on_step(std::function<void(const StepRecord&)> observer) {
+  impl_->observers.push_back(std::move(observer));
+}
+void TrainLoop::on_step_begin(std::function<void(int64_t)> observer) {
+  impl_->begin_observers.push_back(std::move(observer));
+}
+Trainer& TrainLoop::trainer() { return *impl_->trainer; }
+const RunConfig& TrainLoop::config() const { return impl_->cfg; }
+double TrainLoop::peak_flops() const { return impl_->peak; }
+
+RunSummary TrainLoop::run() {
+  Impl& m = *impl_;
+  const RunConfig& c = m.cfg;
+  Trainer& trainer = *m.trainer;
+  const bool logger = trainer.is_logging_rank();
+  const int world_size = m.world->size();
+  const double flops_per_token = trainer.flops_per_token(c.seq);
+
+  std::unique_ptr<JsonlWriter> metrics;
+  std::unique_ptr<TensorBoardWriter> tb;
+  std::unique_ptr<ProgressBar> bar;
+  if (logger) {
+    std::filesystem::create_directories(c.out);
+    metrics = std::make_unique<JsonlWriter>(c.out + "/metrics.jsonl", /*truncate=*/true);
+    if (c.tensorboard) tb = std::make_unique<TensorBoardWriter>(c.out + "/tb");
+    m.line(fmt::format("{}: {} ranks, {}; model {} ({} layers, width {}, {} heads, seq {}), {:.2f}M parameters, {}",
+                       m.program, world_size, m.layout.describe(), m.model->name(), c.layers, c.hidden, c.heads, c.seq,
+                       trainer.num_parameters() / 1e6, c.precision));
+    const auto stages = trainer.describe_stages();
+    for (size_t s = 0; s < stages.size(); ++s) m.line(fmt::format("  stage {}: {}", s, stages[s]));
+    m.line(fmt::format("data: {} ({} bytes: {} train, {} validation); batch {} x {} tokens; peak {:.1f} GFLOP/s",
+                       m.corpus.source(), m.corpus.size(), m.split.train.size(), m.split.val.size(), c.batch, c.seq,
+                       m.peak / 1e9));
+    Json cfg = {{"event", "config"},
+                {"world_size", world_size},
+                {"layout", m.layout.describe()},
+                {"model", m.model->name()},
+                {"parameters", trainer.num_parameters()},
+                {"flops_per_token", flops_per_token},
+                {"peak_flops", m.peak},
+                {"corpus", m.corpus.source()},
+                {"corpus_bytes", m.corpus.size()}};
+    cfg["options"] = Json::parse(c.to_json());
+    metrics->write(cfg);
+    const bool tty = ::isatty(::fileno(stderr)) == 1;
+    if (c.progress == "on" || (c.progress == "auto" && tty)) bar = std::make_unique<ProgressBar>(c.steps, stderr);
+  }
+
+  auto evaluate = [&]() {
+    double sum = 0;
+    for (int64_t i = 0; i < c.eval_batches; ++i) {
+      sum += trainer.evaluate(to_tensor(m.val_data->batch(i), c.batch, c.seq + 1));
+    }
+    return sum / static_cast<double>(c.eval_batches);
+  };
+
+  RunSummary summary;
+  summary.out_dir = c.out;
+  double tokens = 0, seconds = 0;
+  bool first = true;
+  const auto t_start = Clock::now();
+  for (int64_t step = 0; step < c.steps; ++step) {
+    for (auto& f : m.begin_observers) f(step);
+    const double step_lr = m.lr.at(step);
+    const StepStats st = trainer.train_step(to_tensor(m.train_data->batch(step), c.batch, c.seq + 1), step_lr);
+    const bool last = step + 1 == c.steps;
+    StepRecord r;
+    r.step = st.step;
+    r.loss = st.loss;
+    if (last || (c.eval_interval > 0 && (step + 1) % c.eval_interval == 0)) r.val_loss = evaluate();
+    r.mem_bytes = all_reduce_scalar(m.world, static_cast<double>(peak_rss_bytes()), comm::ReduceOp::kMax);
+    r.grad_norm = st.grad_norm;
+    r.clip = st.clip_coefficient;
+    r.lr = step_lr;
+    r.tokens_per_s = static_cast<double>(st.tokens) / st.seconds;
+    r.mfu = m.peak > 0 ? r.tokens_per_s * flops_per_token / m.peak : std::nan("");
+    r.step_s = st.seconds;
+    r.pipeline_s = st.pipeline_seconds;
+    r.sync_s = st.sync_seconds;
+    r.skipped = st.skipped;
+    r.peak_live_micro = st.peak_live;
+    tokens += static_cast<double>(st.tokens);
+    seconds += st.seconds;
+    if (first) summary.first_loss = r.loss;
+    first = false;
+    summary.final_loss = r.loss;
+    if (!std::isnan(r.val_loss)) summary.final_val_loss = r.val_loss;
+    if (logger) {
+      if (r.mfu > 1.0) {
+        TORUS_LOG_WARN("train: MFU {:.0f}% exceeds the measured peak {:.1f} GFLOP/s: the peak is wrong", r.mfu * 100,
+                       m.peak / 1e9);
+      }
+      metrics->write({{"event", "step"},
+                      {"step", r.step},
+                      {"loss", number(r.loss)},
+                      {"val_loss", number(r.val_loss)},
+                      {"grad_norm", number(r.grad_norm)},
+                      {"clip", number(r.clip)},
+                      {"lr", r.lr},
+                      {"tokens_per_s", number(r.tokens_per_s)},
+                      {"mfu", number(r.mfu)},
+                      {"mem_bytes", r.mem_bytes},
+                      {"step_s", r.step_s},
+                      {"pipeline_s", r.pipeline_s},
+                      {"sync_s", r.sync_s},
+                      {"skipped", r.skipped},
+                      {"peak_live_micro", r.peak_live_micro}});
+      if (tb) {
+        tb->add_scalar("train/loss", r.loss, r.step);
+        if (!std::isnan(r.val_loss)) tb->add_scalar("val/loss", r.val_loss, r.step);
+        tb->add_scalar("train/lr", r.lr, r.step);
+        tb->add_scalar("train/grad_norm", r.grad_norm, r.step);
+        tb->add_scalar("perf/tokens_per_s", r.tokens_per_s, r.step);
+        if (!std::isnan(r.mfu)) tb->add_scalar("perf/mfu", r.mfu, r.step);
+        tb->add_scalar("mem/peak_rss_bytes", r.mem_bytes, r.step);
+        tb->flush();
+      }
+      if (r.step % c.log_interval == 0 || last || !std::isnan(r.val_loss)) {
+        if (bar) bar->clear();
+        StepLine sl;
+        sl.step = r.step;
+        sl.loss = r.loss;
+        sl.val_loss = r.val_loss;
+        sl.grad_norm = r.grad_norm;
+        sl.lr = r.lr;
+        sl.tokens_per_s = r.tokens_per_s;
+        sl.mfu = r.mfu;
+        sl.mem_bytes = r.mem_bytes;
+        m.line(format_step_line(sl));
+      }
+      if (bar) bar->update(r.step, r.tokens_per_s);
+    }
+    for (auto& f : m.observers) f(r);
+  }
+  summary.steps = c.steps;
+  summary.wall_s = std::chrono::duration<double>(Clock::now() - t_start).count();
+  summary.tokens_per_s = tokens / seconds;
+  // Losses are the same on every rank (the trainer shares them); the
+  // validation loss too.
+  if (logger) {
+    if (bar) bar->finish();
+    metrics->write({{"event", "end"},
+                    {"steps", c.steps},
+                    {"wall_s", summary.wall_s},
+                    {"tokens_per_s", summary.tokens_per_s},
+                    {"first_loss", number(summary.first_loss)},
+                    {"final_loss", number(summary.final_loss)},
+                    {"final_val_loss", number(summary.final_val_loss)}});
+    m.line(fmt::format("done: {} steps in {:.1f} s, {:.0f} tok/s; loss {:.3f} -> {:.3f}, validation {:.3f}; wrote "
+                       "{}/metrics.jsonl{}",
+                       c.steps, summary.wall_s, summary.tokens_per_s, summary.first_loss, summary.final_loss,
+                       summary.final_val_loss, c.out, tb ? " and " + c.out + "/tb" : ""));
+  }
+  return summary;
+}
+
+}  // namespace torus::train

@@ -1,0 +1,330 @@
+// The option table of a training run (run_config.h), on CLI11.
+#include "torus/train/run_config.h"
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <charconv>
+#include <string_view>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+#include <variant>
+
+#include "core/log.h"
+#include "torus/core/error.h"
+
+namespace torus::train {
+namespace {
+
+using Dest = std::variant<int*, int64_t*, double*, bool*, std::string*>;
+
+struct Entry {
+  std::string name;
+  Dest dest;
+  std::string help;
+};
+
+// The table: every option once, bound to a RunConfig. CLI options, the
+// values() listing and the JSON record all come from here.
+std::vector<Entry> table(RunConfig& c) {
+  return {
+      {"model", &c.model, "model adapter: gpt"},
+      {"layers", &c.layers, "transformer blocks"},
+      {"hidden", &c.hidden, "model width"},
+      {"heads", &c.heads, "attention heads (divisible by --tp)"},
+      {"ffn", &c.ffn, "MLP width (0: 4 x hidden)"},
+      {"seq", &c.seq, "sequence length in tokens (divisible by --tp with --sp)"},
+      {"dropout", &c.dropout, "embedding, residual and attention dropout"},
+      {"tie-embeddings", &c.tie_embeddings, "share the input embedding with the output layer"},
+      {"precision", &c.precision, "parameters and activations: f32, bf16 or fp16 (f64 for tests)"},
+      {"autocast", &c.autocast, "LibTorch autocast (bf16) over f32 parameters instead of half parameters"},
+      {"grad-dtype", &c.grad_dtype, "gradient accumulation: f32 buffers or the parameter dtype (param)"},
+      {"loss-scale", &c.loss_scale, "fp16: 0 = dynamic loss scaling, > 0 = this constant scale"},
+      {"initial-loss-scale", &c.initial_loss_scale, "fp16: the dynamic scale at the start"},
+      {"loss-scale-window", &c.loss_scale_window, "fp16: clean steps before the scale doubles"},
+      {"hysteresis", &c.hysteresis, "fp16: overflows tolerated before the scale halves"},
+      {"min-loss-scale", &c.min_loss_scale, "fp16: an overflow at this scale stops the run"},
+      {"recompute", &c.recompute, "activation recompute: none, full, every:K, selective"},
+      {"tp", &c.tp, "tensor-parallel size"},
+      {"pp", &c.pp, "pipeline-parallel size"},
+      {"dp", &c.dp, "data-parallel size (0: world / (tp x pp))"},
+      {"sp", &c.sp, "sequence parallelism (with --tp > 1)"},
+      {"schedule", &c.schedule, "pipeline schedule: gpipe, 1f1b, interleaved, zb-h1"},
+      {"micro-batches", &c.micro_batches, "micro-batches per step on each data-parallel rank (gradient accumulation)"},
+      {"chunks", &c.chunks, "virtual stages per pipeline rank (interleaved schedule)"},
+      {"stage-layers", &c.stage_layers, "blocks per stage, e.g. 3,1 (empty: balanced by cost)"},
+      {"optimizer", &c.optimizer, "sgd, adam or adamw"},
+      {"lr", &c.lr, "peak learning rate"},
+      {"min-lr", &c.min_lr, "learning rate at the end of the cosine decay"},
+      {"warmup", &c.warmup, "linear warm-up steps (-1: 30, at most steps / 10)"},
+      {"weight-decay", &c.weight_decay, "weight decay of matrices and embeddings (decoupled for adamw)"},
+      {"beta1", &c.beta1, "adam, adamw: first-moment decay"},
+      {"beta2", &c.beta2, "adam, adamw: second-moment decay"},
+      {"eps", &c.eps, "adam, adamw: denominator epsilon"},
+      {"momentum", &c.momentum, "sgd: momentum (0: none)"},
+      {"nesterov", &c.nesterov, "sgd: Nesterov momentum"},
+      {"grad-clip", &c.grad_clip, "clip the global gradient norm to this (0: off)"},
+      {"steps", &c.steps, "optimizer steps"},
+      {"batch", &c.batch, "global batch in sequences (divisible by dp x micro-batches)"},
+      {"seed", &c.seed, "seed of the initialisation, dropout and the data order"},
+      {"data", &c.data, "a text file or a directory of them (default: the licence texts every Debian system ships)"},
+      {"val-fraction", &c.val_fraction, "share of the corpus held out for validation (its end)"},
+      {"eval-interval", &c.eval_interval, "steps between validation passes (0: only at the end)"},
+      {"eval-batches", &c.eval_batches, "batches per validation pass"},
+      {"out", &c.out, "output directory: metrics.jsonl, tb/ (TensorBoard)"},
+      {"log-interval", &c.log_interval, "steps between log lines"},
+      {"progress", &c.progress, "progress bar on stderr: auto (if a terminal), on, off"},
+      {"tensorboard", &c.tensorboard, "write TensorBoard event files under <out>/tb"},
+      {"peak-tflops", &c.peak_tflops, "the job's peak TFLOP/s for MFU (0: the device's; on CPU measured once per host)"},
+      {"threads", &c.threads, "intra-op threads per rank (0: cores / local ranks, at least 1)"},
+      {"fail-rank", &c.fail_rank, "testing: this rank kills itself (SIGKILL) ..."},
+      {"fail-step", &c.fail_step, "testing: ... at the start of this step"},
+  };
+}
+
+std::string normalise(std::string s) {
+  for (char& ch : s) {
+    if (ch == '_') ch = '-';
+  }
+  return s;
+}
+
+std::string number_text(double v) {
+  char buf[64];
+  auto r = std::to_chars(buf, buf + sizeof(buf), v);
+  return std::string(buf, r.ptr);
+}
+
+std::string value_text(const Dest& d) {
+  return std::visit(
+      [](auto* p) -> std::string {
+        using T = std::remove_pointer_t<decltype(p)>;
+        if constexpr (std::is_same_v<T, bool>) {
+          return *p ? "true" : "false";
+        } else if constexpr (std::is_same_v<T, std::string>) {
+          return *p;
+        } else if constexpr (std::is_same_v<T, double>) {
+          return number_text(*p);
+        } else {
+          return std::to_string(*p);
+        }
+      },
+      d);
+}
+
+// Config items named with underscores match the dashed option names.
+class Config : public CLI::ConfigTOML {
+ public:
+  std::vector<CLI::ConfigItem> from_config(std::istream& input) const override {
+    auto items = CLI::ConfigTOML::from_config(input);
+    for (auto& item : items) item.name = normalise(item.name);
+    return items;
+  }
+};
+
+// Help lines show bools as `--[no-]sp` instead of CLI11's
+// `--sp,--no-sp{false}`.
+class Formatter : public CLI::Formatter {
+ public:
+  std::string make_option_name(const CLI::Option* opt, bool positional) const override {
+    std::string name = CLI::Formatter::make_option_name(opt, positional);
+    const size_t comma = name.find(",--no-");
+    if (comma != std::string::npos) name = "--[no-]" + name.substr(2, comma - 2);
+    return name;
+  }
+};
+
+size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+struct Parser {
+  RunConfig scratch;
+  CLI::App app;
+  std::vector<Entry> entries;
+
+  explicit Parser(const RunConfig& defaults, const std::string& program, const std::string& description)
+      : scratch(defaults), app(description, program) {
+    entries = table(scratch);
+    app.config_formatter(std::make_shared<Config>());
+    app.set_config("--config", "", "read `name = value` lines from FILE (flags on the command line override it)");
+    app.get_config_ptr()->type_name("FILE");
+    app.allow_config_extras(CLI::config_extras_mode::error);
+    app.formatter(std::make_shared<Formatter>());
+    app.get_formatter()->column_width(34);
+    for (auto& e : entries) {
+      const std::string flag = "--" + e.name;
+      std::visit(
+          [&](auto* p) {
+            using T = std::remove_pointer_t<decltype(p)>;
+            if constexpr (std::is_same_v<T, bool>) {
+              app.add_flag(flag + ",!--no-" + e.name, *p, e.help)->default_str(*p ? "true" : "false");
+            } else {
+              CLI::Option* o = app.add_option(flag, *p, e.help)->capture_default_str();
+              if constexpr (std::is_same_v<T, std::string>) {
+                o->type_name("TEXT");
+              } else if constexpr (std::is_same_v<T, double>) {
+                o->type_name("X");
+              } else {
+                o->type_name("N");
+              }
+            }
+          },
+          e.dest);
+    }
+  }
+};
+
+// `--min_lr=1` -> `--min-lr=1`; `--no_sp` -> `--no-sp`.
+std::string normalise_arg(const std::string& arg) {
+  if (arg.rfind("--", 0) != 0) return arg;
+  const size_t eq = arg.find('=');
+  if (eq == std::string::npos) return normalise(arg);
+  return normalise(arg.substr(0, eq)) + arg.substr(eq);
+}
+
+void check(bool ok, const std::string& message) {
+  if (!ok) throw InvalidArgument(message);
+}
+
+}  // namespace
+
+ParseOutcome parse_run_config(const std::vector<std::string>& args, RunConfig& out) {
+  Parser p(out, "torus-train", "");
+  // CLI11 parses a reversed vector (the last element is argv[1]).
+  std::vector<std::string> rev;
+  for (auto it = args.rbegin(); it != args.rend(); ++it) rev.push_back(normalise_arg(*it));
+  try {
+    p.app.parse(rev);
+  } catch (const CLI::CallForHelp&) {
+    return ParseOutcome::kHelp;
+  } catch (const CLI::CallForAllHelp&) {
+    return ParseOutcome::kHelp;
+  } catch (const CLI::ExtrasError&) {
+    // Name the first unexpected argument, and the closest option to it.
+    std::string first;
+    for (const std::string& a : p.app.remaining()) {
+      first = a;
+      break;
+    }
+    if (first.rfind("--", 0) != 0) throw InvalidArgument(fmt::format("unexpected argument '{}'", first));
+    const std::string name = first.substr(2, first.find('=') - 2);
+    std::string best;
+    size_t best_d = 3;
+    for (const auto& e : p.entries) {
+      const size_t d = e.name.rfind(name, 0) == 0 ? 1 : edit_distance(name, e.name);
+      if (d < best_d) best_d = d, best = e.name;
+    }
+    throw InvalidArgument(best.empty() ? fmt::format("unknown option '--{}'", name)
+                                       : fmt::format("unknown option '--{}' (did you mean '--{}'?)", name, best));
+  } catch (const CLI::ParseError& e) {
+    throw InvalidArgument(e.what());
+  }
+  out = p.scratch;
+  return ParseOutcome::kOk;
+}
+
+ParseOutcome parse_run_config(int argc, const char* const* argv, RunConfig& out) {
+  std::vector<std::string> args;
+  for (int i = 1; i < argc; ++i) args.emplace_back(argv[i]);
+  return parse_run_config(args, out);
+}
+
+std::string run_config_help(const std::string& program, const std::string& description) {
+  Parser p(RunConfig{}, program, description);
+  return p.app.help();
+}
+
+std::vector<std::string> run_option_names() {
+  RunConfig c;
+  std::vector<std::string> names;
+  for (const auto& e : table(c)) names.push_back(e.name);
+  return names;
+}
+
+std::vector<std::pair<std::string, std::string>> RunConfig::values() const {
+  RunConfig copy = *this;
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& e : table(copy)) out.emplace_back(e.name, value_text(e.dest));
+  return out;
+}
+
+std::string RunConfig::to_json() const {
+  RunConfig copy = *this;
+  nlohmann::ordered_json j = nlohmann::ordered_json::object();
+  for (const auto& e : table(copy)) {
+    std::visit([&](auto* p) { j[e.name] = *p; }, e.dest);
+  }
+  return j.dump();
+}
+
+int64_t RunConfig::warmup_steps() const { return warmup >= 0 ? warmup : std::min<int64_t>(30, steps / 10); }
+
+std::vector<int64_t> RunConfig::stage_layer_counts() const {
+  std::vector<int64_t> out;
+  std::stringstream ss(stage_layers);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (item.empty()) continue;
+    int64_t v = 0;
+    auto r = std::from_chars(item.data(), item.data() + item.size(), v);
+    check(r.ec == std::errc() && r.ptr == item.data() + item.size(),
+          fmt::format("--stage-layers: '{}' is not an integer (expected e.g. 3,1)", item));
+    out.push_back(v);
+  }
+  return out;
+}
+
+void RunConfig::validate() const {
+  auto one_of = [](const std::string& v, std::initializer_list<const char*> set, const char* name) {
+    std::string names;
+    for (const char* s : set) {
+      if (v == s) return;
+      names += names.empty() ? s : std::string(", ") + s;
+    }
+    throw InvalidArgument(fmt::format("--{} must be one of {}, got '{}'", name, names, v));
+  };
+  one_of(model, {"gpt"}, "model");
+  one_of(precision, {"f32", "bf16", "fp16", "f64"}, "precision");
+  one_of(grad_dtype, {"f32", "param"}, "grad-dtype");
+  one_of(optimizer, {"sgd", "adam", "adamw"}, "optimizer");
+  one_of(progress, {"auto", "on", "off"}, "progress");
+  check(!(autocast && precision != "f32"), "--autocast runs over f32 parameters: use it with --precision f32");
+  check(layers >= 1 && hidden >= 1 && heads >= 1 && seq >= 1 && ffn >= 0,
+        "--layers, --hidden, --heads and --seq must be >= 1 and --ffn >= 0");
+  check(dropout >= 0 && dropout < 1, fmt::format("--dropout must be in [0, 1), got {}", dropout));
+  check(tp >= 1 && pp >= 1 && dp >= 0 && micro_batches >= 1 && chunks >= 1,
+        "--tp, --pp, --micro-batches and --chunks must be >= 1 and --dp >= 0");
+  check(steps >= 1 && batch >= 1 && log_interval >= 1 && eval_batches >= 1 && eval_interval >= 0,
+        "--steps, --batch, --log-interval and --eval-batches must be >= 1 and --eval-interval >= 0");
+  check(val_fraction > 0 && val_fraction < 1, fmt::format("--val-fraction must be in (0, 1), got {}", val_fraction));
+  check(warmup >= -1 && warmup <= steps, fmt::format("--warmup must be in [-1, --steps = {}], got {}", steps, warmup));
+  check(lr >= 0 && min_lr >= 0 && min_lr <= lr, fmt::format("need 0 <= --min-lr ({}) <= --lr ({})", min_lr, lr));
+  check(weight_decay >= 0 && grad_clip >= 0 && eps > 0, "--weight-decay and --grad-clip must be >= 0, --eps > 0");
+  check(beta1 >= 0 && beta1 < 1 && beta2 >= 0 && beta2 < 1, "--beta1 and --beta2 must be in [0, 1)");
+  check(momentum >= 0 && !(nesterov && momentum <= 0), "--momentum must be >= 0, and > 0 with --nesterov");
+  check(loss_scale >= 0 && initial_loss_scale > 0 && loss_scale_window >= 1 && hysteresis >= 1 && min_loss_scale > 0 &&
+            min_loss_scale <= initial_loss_scale,
+        "loss scaling: need --loss-scale >= 0, --initial-loss-scale >= --min-loss-scale > 0, --loss-scale-window >= 1, "
+        "--hysteresis >= 1");
+  check(peak_tflops >= 0 && threads >= 0, "--peak-tflops and --threads must be >= 0");
+  check(recompute == "none" || recompute == "full" || recompute == "selective" || recompute.rfind("every:", 0) == 0,
+        fmt::format("--recompute must be none, full, every:K or selective, got '{}'", recompute));
+  (void)stage_layer_counts();
+}
+
+}  // namespace torus::train

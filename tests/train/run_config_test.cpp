@@ -1,0 +1,156 @@
+// The option table of a training run (run_config.h): command-line forms,
+// config files and their precedence, errors, validation, the JSON record.
+#include "torus/train/run_config.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "torus/core/error.h"
+
+namespace torus::train {
+namespace {
+
+RunConfig parse(std::vector<std::string> args) {
+  RunConfig c;
+  EXPECT_EQ(parse_run_config(args, c), ParseOutcome::kOk);
+  return c;
+}
+
+std::string parse_error(std::vector<std::string> args) {
+  RunConfig c;
+  try {
+    parse_run_config(args, c);
+  } catch (const InvalidArgument& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no error";
+  return "";
+}
+
+std::string temp_file(const std::string& text) {
+  char tmpl[] = "/tmp/torus_cfg_XXXXXX";
+  const int fd = ::mkstemp(tmpl);
+  EXPECT_GE(fd, 0);
+  ::close(fd);
+  std::ofstream(tmpl) << text;
+  return tmpl;
+}
+
+TEST(RunConfig, DefaultsAndForms) {
+  const RunConfig d;
+  EXPECT_EQ(parse({}).tp, d.tp);
+  const RunConfig c = parse({"--tp", "2", "--pp=4", "--lr", "3e-3", "--precision", "bf16", "--sp", "--no-tie-embeddings",
+                             "--stage-layers", "3,1", "--recompute=every:2"});
+  EXPECT_EQ(c.tp, 2);
+  EXPECT_EQ(c.pp, 4);
+  EXPECT_DOUBLE_EQ(c.lr, 3e-3);
+  EXPECT_EQ(c.precision, "bf16");
+  EXPECT_TRUE(c.sp);
+  EXPECT_FALSE(c.tie_embeddings);
+  EXPECT_EQ(c.stage_layer_counts(), (std::vector<int64_t>{3, 1}));
+  EXPECT_EQ(c.recompute, "every:2");
+  // A dash and an underscore are the same; bools take values.
+  const RunConfig u = parse({"--min_lr", "0.5e-4", "--micro_batches=8", "--sp=false", "--tensorboard=off"});
+  EXPECT_DOUBLE_EQ(u.min_lr, 0.5e-4);
+  EXPECT_EQ(u.micro_batches, 8);
+  EXPECT_FALSE(u.sp);
+  EXPECT_FALSE(u.tensorboard);
+  RunConfig h;
+  EXPECT_EQ(parse_run_config(std::vector<std::string>{"--help"}, h), ParseOutcome::kHelp);
+}
+
+TEST(RunConfig, ConfigFileThenFlags) {
+  const std::string path = temp_file(
+      "# a run\nlayers = 6\nhidden = 64\nmin_lr = 2e-5   # underscores work here too\nschedule = \"zb-h1\"\n"
+      "sp = true\nsteps = 999\n");
+  // Flags override the file wherever they stand (Note [Option precedence]).
+  const RunConfig c = parse({"--steps", "12", "--config", path, "--hidden", "96"});
+  EXPECT_EQ(c.layers, 6);
+  EXPECT_EQ(c.hidden, 96);
+  EXPECT_DOUBLE_EQ(c.min_lr, 2e-5);
+  EXPECT_EQ(c.schedule, "zb-h1");
+  EXPECT_TRUE(c.sp);
+  EXPECT_EQ(c.steps, 12);
+  std::remove(path.c_str());
+
+  const std::string bad = temp_file("layers = 6\nlayerz = 2\n");
+  EXPECT_NE(parse_error({"--config", bad}).find("layerz"), std::string::npos);
+  std::remove(bad.c_str());
+  EXPECT_NE(parse_error({"--config", "/nonexistent/run.toml"}).find("/nonexistent/run.toml"), std::string::npos);
+}
+
+TEST(RunConfig, ErrorsNameTheOption) {
+  EXPECT_NE(parse_error({"--tp", "x"}).find("--tp"), std::string::npos);
+  EXPECT_EQ(parse_error({"--schedul", "1f1b"}), "unknown option '--schedul' (did you mean '--schedule'?)");
+  EXPECT_EQ(parse_error({"--lrr=1"}), "unknown option '--lrr' (did you mean '--lr'?)");
+  EXPECT_EQ(parse_error({"--zzzzzz"}), "unknown option '--zzzzzz'");
+  EXPECT_NE(parse_error({"--lr"}).find("lr"), std::string::npos);
+  EXPECT_NE(parse_error({"stray"}).find("stray"), std::string::npos);
+  // A failed parse leaves the destination as it was.
+  RunConfig c;
+  c.tp = 7;
+  EXPECT_THROW(parse_run_config(std::vector<std::string>{"--pp", "2", "--tp", "x"}, c), InvalidArgument);
+  EXPECT_EQ(c.tp, 7);
+  EXPECT_EQ(c.pp, 1);
+}
+
+TEST(RunConfig, Validate) {
+  auto invalid = [](auto edit, const std::string& word) {
+    RunConfig c;
+    edit(c);
+    try {
+      c.validate();
+      ADD_FAILURE() << "no error for " << word;
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(word), std::string::npos) << e.what();
+    }
+  };
+  RunConfig().validate();
+  invalid([](RunConfig& c) { c.precision = "f8"; }, "--precision");
+  invalid([](RunConfig& c) { c.optimizer = "lamb"; }, "--optimizer");
+  invalid([](RunConfig& c) { c.recompute = "some"; }, "--recompute");
+  invalid([](RunConfig& c) { c.warmup = 700; }, "--warmup");
+  invalid([](RunConfig& c) { c.min_lr = 1; }, "--min-lr");
+  invalid([](RunConfig& c) { c.dropout = 1; }, "--dropout");
+  invalid([](RunConfig& c) { c.stage_layers = "3,x"; }, "--stage-layers");
+  invalid([](RunConfig& c) {
+    c.autocast = true;
+    c.precision = "bf16";
+  }, "--autocast");
+  RunConfig w;
+  EXPECT_EQ(w.warmup_steps(), 30);
+  w.steps = 50;
+  EXPECT_EQ(w.warmup_steps(), 5);
+  w.warmup = 7;
+  EXPECT_EQ(w.warmup_steps(), 7);
+}
+
+TEST(RunConfig, ValuesJsonAndHelp) {
+  const RunConfig c = parse({"--tp", "2", "--lr", "0.1", "--sp"});
+  const auto values = c.values();
+  const auto names = run_option_names();
+  ASSERT_EQ(values.size(), names.size());
+  for (size_t i = 0; i < names.size(); ++i) EXPECT_EQ(values[i].first, names[i]);
+  const auto j = nlohmann::json::parse(c.to_json());
+  EXPECT_EQ(j["tp"], 2);
+  EXPECT_DOUBLE_EQ(j["lr"].get<double>(), 0.1);
+  EXPECT_EQ(j["sp"], true);
+  EXPECT_EQ(j["precision"], "f32");
+  EXPECT_EQ(j.size(), names.size());
+  const std::string help = run_config_help("torus-train", "Trains.");
+  for (const auto& n : names) {
+    EXPECT_TRUE(help.find("--" + n + " ") != std::string::npos || help.find("--[no-]" + n) != std::string::npos) << n;
+  }
+  EXPECT_NE(help.find("--[no-]sp"), std::string::npos) << help;
+  EXPECT_NE(help.find("--config"), std::string::npos);
+  EXPECT_NE(help.find("--help"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace torus::train
