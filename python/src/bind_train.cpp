@@ -126,12 +126,27 @@ void bind_layout(py::module_& m) {
       .def("__repr__",
            [](const train::ParallelLayout& l) { return "<torus.train.ParallelLayout " + l.describe() + ">"; });
 
-  py::class_<train::OptimizerConfig>(m, "OptimizerConfig", "AdamW and global-norm clipping of the trainer.")
-      .def(py::init([](double lr, double weight_decay, double beta1, double beta2, double eps, double grad_clip) {
-             return train::OptimizerConfig{lr, weight_decay, beta1, beta2, eps, grad_clip};
+  py::class_<train::OptimizerConfig>(m, "OptimizerConfig", "The trainer's optimizer and global-norm clipping.")
+      .def(py::init([](std::string name, double lr, double weight_decay, double beta1, double beta2, double eps,
+                       double momentum, bool nesterov, double grad_clip) {
+             train::OptimizerConfig c;
+             c.name = std::move(name);
+             c.lr = lr;
+             c.weight_decay = weight_decay;
+             c.beta1 = beta1;
+             c.beta2 = beta2;
+             c.eps = eps;
+             c.momentum = momentum;
+             c.nesterov = nesterov;
+             c.grad_clip = grad_clip;
+             return c;
            }),
-           py::kw_only(), py::arg("lr") = 3e-4, py::arg("weight_decay") = 0.1, py::arg("beta1") = 0.9,
-           py::arg("beta2") = 0.95, py::arg("eps") = 1e-8, py::arg("grad_clip") = 1.0)
+           py::kw_only(), py::arg("name") = "adamw", py::arg("lr") = 3e-4, py::arg("weight_decay") = 0.1,
+           py::arg("beta1") = 0.9, py::arg("beta2") = 0.95, py::arg("eps") = 1e-8, py::arg("momentum") = 0.0,
+           py::arg("nesterov") = false, py::arg("grad_clip") = 1.0)
+      .def_readwrite("name", &train::OptimizerConfig::name, "sgd, adam or adamw")
+      .def_readwrite("momentum", &train::OptimizerConfig::momentum)
+      .def_readwrite("nesterov", &train::OptimizerConfig::nesterov)
       .def_readwrite("lr", &train::OptimizerConfig::lr)
       .def_readwrite("weight_decay", &train::OptimizerConfig::weight_decay)
       .def_readwrite("beta1", &train::OptimizerConfig::beta1)
@@ -161,6 +176,9 @@ void bind_layout(py::module_& m) {
       .def_readonly("sync_seconds", &train::StepStats::sync_seconds)
       .def_readonly("tokens", &train::StepStats::tokens)
       .def_readonly("peak_live", &train::StepStats::peak_live)
+      .def_readonly("loss_scale", &train::StepStats::loss_scale)
+      .def_readonly("overflow", &train::StepStats::overflow)
+      .def_readonly("skipped_steps", &train::StepStats::skipped_steps)
       .def("__repr__", [](const train::StepStats& s) {
         return "<torus.train.StepStats step " + std::to_string(s.step) + " loss " + std::to_string(s.loss) +
                " grad_norm " + std::to_string(s.grad_norm) + (s.skipped ? " skipped" : "") + ">";
@@ -298,7 +316,9 @@ void bind_loop(py::module_& m) {
       .def_readonly("mfu", &train::StepRecord::mfu)
       .def_readonly("mem_bytes", &train::StepRecord::mem_bytes)
       .def_readonly("step_s", &train::StepRecord::step_s)
-      .def_readonly("skipped", &train::StepRecord::skipped);
+      .def_readonly("skipped", &train::StepRecord::skipped)
+      .def_readonly("skipped_steps", &train::StepRecord::skipped_steps)
+      .def_readonly("loss_scale", &train::StepRecord::loss_scale);
 
   py::class_<train::RunSummary>(m, "RunSummary")
       .def_readonly("steps", &train::RunSummary::steps)

@@ -19,8 +19,9 @@
 //    parameter count, the peak), one "step" record per step, one "end"
 //    record. Records of the C++ and the Python front end are identical for
 //    the same options, apart from times;
-//  * <out>/tb/events.out.tfevents.*: scalars train/loss, val/loss, lr,
-//    grad_norm, loss_scale, tokens_per_s, mfu, mem_bytes (--tensorboard);
+//  * <out>/tb/events.out.tfevents.*: scalars train/loss, val/loss,
+//    train/lr, train/grad_norm, train/loss_scale (fp16), perf/tokens_per_s,
+//    perf/mfu, mem/peak_rss_bytes (--tensorboard);
 //  * a progress bar on stderr when it is a terminal (--progress).
 // `python3 -m torus.plot <out>` draws the curves from metrics.jsonl.
 //
@@ -67,6 +68,8 @@ struct StepRecord {
   double pipeline_s = 0;
   double sync_s = 0;
   bool skipped = false;
+  int64_t skipped_steps = 0;  // so far
+  double loss_scale = 1;      // fp16: the scale of this step's backward
   int peak_live_micro = 0;
 };
 

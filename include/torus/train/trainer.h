@@ -57,6 +57,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -64,6 +65,7 @@
 #include "torus/comm/process_group.h"
 #include "torus/parallel/pipeline/executor.h"
 #include "torus/parallel/pipeline/schedule.h"
+#include "torus/amp/loss_scaler.h"
 #include "torus/train/model.h"
 
 namespace torus::train {
@@ -90,19 +92,43 @@ struct ParallelLayout {
 };
 
 struct OptimizerConfig {
+  std::string name = "adamw";  // sgd | adam | adamw (optim::make_optimizer)
   double lr = 3e-4;  // used when train_step is given lr < 0
-  double weight_decay = 0.1;
+  double weight_decay = 0.1;  // on the parameters the model marks (matrices, embeddings)
   double beta1 = 0.9;
   double beta2 = 0.95;
   double eps = 1e-8;
+  double momentum = 0.0;  // sgd
+  bool nesterov = false;  // sgd
   double grad_clip = 1.0;  // max global L2 norm; 0: no clipping
 };
 
+// Note [Mixed precision in the engine]: the model's parameter dtype decides.
+// bf16/f16 parameters get fp32 master weights in the optimizer
+// (optim/optimizer.h) and, unless grads_in_param_dtype, f32 main gradients
+// accumulated over the micro-batches and reduced in f32 (Note [Main
+// gradients] in ddp.h). f16 also scales the loss (amp/loss_scaler.h): the
+// last stage backpropagates loss x scale; after the gradient sync the
+// gradients are unscaled and checked for inf/NaN on every rank of the world
+// (one flag all-reduce: tp, pp and dp at once), and an overflow skips the
+// step on every rank — parameters, optimizer state and its step count
+// untouched — and backs the scale off. bf16 and f32 use no loss scaling.
 struct TrainerOptions {
   int64_t bucket_cap_bytes = 25LL << 20;  // DDP buckets
   bool overlap_grad_sync = true;          // start DP all-reduces during the last backward
   int recv_prefetch = 2;                  // pipeline receives posted ahead
   bool record_trace = false;              // keep the executor's action trace (last step)
+  bool grads_in_param_dtype = false;      // half-precision parameters: accumulate gradients in their dtype
+  // f16 parameters: dynamic scaling by default; a constant scale with
+  // dynamic = false. Ignored for other dtypes.
+  amp::LossScalerOptions loss_scaler;
+  // LibTorch autocast over the forward (f32 parameters, half activations
+  // where autocast chooses): the dtype, or undefined for none.
+  std::optional<c10::ScalarType> autocast;
+  // Testing: on this world rank, at this step (1-based), one gradient
+  // element is set to inf after the backward (fp16 overflow injection).
+  int inject_overflow_rank = -1;
+  int64_t inject_overflow_step = -1;
 };
 
 struct StepStats {
@@ -116,7 +142,18 @@ struct StepStats {
   double sync_seconds = 0;      // waiting for DP / tied-parameter sync, clipping, the optimizer
   int64_t tokens = 0;      // tokens in the global batch
   int peak_live = 0;       // max micro-batches alive on this rank (executor)
+  double loss_scale = 1;   // the scale this step's backward used (f16; 1 otherwise)
+  bool overflow = false;   // f16: an inf/NaN gradient on some rank skipped the step
+  int64_t skipped_steps = 0;  // steps skipped so far (overflow or non-finite norm)
 };
+
+// One tensor of the engine's state and how it lies over the ranks.
+struct StateTensor {
+  at::Tensor tensor;
+  tp::ShardSpec spec;     // the TP layout of a model tensor and of its optimizer state
+  bool per_rank = false;  // differs on every rank of a replica (a sharded dropout stream)
+};
+using StateDict = std::map<std::string, StateTensor>;
 
 class Trainer {
  public:
@@ -146,6 +183,21 @@ class Trainer {
   // by global name; a stage's copy of another stage's parameter under its
   // own name. Collective over tp.
   std::map<std::string, at::Tensor> gather_local_parameters() const;
+
+  // This rank's state by global name (what checkpoints save and reshard):
+  //   model.<name>               parameters (their shard, with ShardSpec)
+  //   optim.<name>.<state>       optimizer state of a parameter (exp_avg,
+  //                              exp_avg_sq, momentum_buffer, master, step)
+  //   optim.step_count           optimizer steps taken
+  //   scaler.<key>               the loss scaler (f16)
+  //   rng.stage<k>.<stream>      dropout streams of each stage this rank holds
+  //   engine.step                train_step calls so far
+  // Tensors alias the live state: clone to keep a snapshot. Not collective.
+  StateDict state_dict() const;
+  // Loads a state_dict() of the same layout. Every key, shape and dtype is
+  // checked before anything changes (InvalidArgument naming the key); keys
+  // of another rank's stages are errors. Not collective.
+  void load_state_dict(const StateDict& state);
 
   int64_t num_parameters() const;
   double flops_per_token(int64_t seq_len) const;

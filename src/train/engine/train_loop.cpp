@@ -111,13 +111,24 @@ TrainLoop::TrainLoop(comm::ProcessGroupPtr world, RunConfig config, std::string 
   }
 
   OptimizerConfig optim;
+  optim.name = c.optimizer;
+  optim.momentum = c.optimizer == "sgd" ? c.momentum : 0.0;
+  optim.nesterov = c.nesterov;
   optim.lr = c.lr;
   optim.weight_decay = c.weight_decay;
   optim.beta1 = c.beta1;
   optim.beta2 = c.beta2;
   optim.eps = c.eps;
   optim.grad_clip = c.grad_clip;
-  m.trainer = std::make_unique<Trainer>(m.world, m.model, m.layout, optim);
+  TrainerOptions options;
+  options.grads_in_param_dtype = c.grad_dtype == "param";
+  options.loss_scaler.dynamic = c.loss_scale == 0;
+  options.loss_scaler.initial_scale = c.loss_scale > 0 ? c.loss_scale : c.initial_loss_scale;
+  options.loss_scaler.growth_interval = c.loss_scale_window;
+  options.loss_scaler.hysteresis = c.hysteresis;
+  options.loss_scaler.min_scale = std::min(c.min_loss_scale, options.loss_scaler.initial_scale);
+  if (c.autocast) options.autocast = at::kBFloat16;
+  m.trainer = std::make_unique<Trainer>(m.world, m.model, m.layout, optim, options);
 
   // Note [Honest MFU].
   if (c.peak_tflops > 0) {
@@ -151,6 +162,7 @@ RunSummary TrainLoop::run() {
   const bool logger = trainer.is_logging_rank();
   const int world_size = m.world->size();
   const double flops_per_token = trainer.flops_per_token(c.seq);
+  const bool fp16 = m.model->param_dtype() == at::kHalf;
 
   std::unique_ptr<JsonlWriter> metrics;
   std::unique_ptr<TensorBoardWriter> tb;
@@ -214,6 +226,8 @@ RunSummary TrainLoop::run() {
     r.pipeline_s = st.pipeline_seconds;
     r.sync_s = st.sync_seconds;
     r.skipped = st.skipped;
+    r.loss_scale = st.loss_scale;
+    r.skipped_steps = st.skipped_steps;
     r.peak_live_micro = st.peak_live;
     tokens += static_cast<double>(st.tokens);
     seconds += st.seconds;
@@ -240,12 +254,15 @@ RunSummary TrainLoop::run() {
                       {"pipeline_s", r.pipeline_s},
                       {"sync_s", r.sync_s},
                       {"skipped", r.skipped},
+                      {"skipped_steps", r.skipped_steps},
+                      {"loss_scale", r.loss_scale},
                       {"peak_live_micro", r.peak_live_micro}});
       if (tb) {
         tb->add_scalar("train/loss", r.loss, r.step);
         if (!std::isnan(r.val_loss)) tb->add_scalar("val/loss", r.val_loss, r.step);
         tb->add_scalar("train/lr", r.lr, r.step);
         tb->add_scalar("train/grad_norm", r.grad_norm, r.step);
+        if (fp16) tb->add_scalar("train/loss_scale", r.loss_scale, r.step);
         tb->add_scalar("perf/tokens_per_s", r.tokens_per_s, r.step);
         if (!std::isnan(r.mfu)) tb->add_scalar("perf/mfu", r.mfu, r.step);
         tb->add_scalar("mem/peak_rss_bytes", r.mem_bytes, r.step);
@@ -262,6 +279,10 @@ RunSummary TrainLoop::run() {
         sl.tokens_per_s = r.tokens_per_s;
         sl.mfu = r.mfu;
         sl.mem_bytes = r.mem_bytes;
+        if (fp16) {
+          sl.loss_scale = r.loss_scale;
+          sl.skipped = r.skipped_steps;
+        }
         m.line(format_step_line(sl));
       }
       if (bar) bar->update(r.step, r.tokens_per_s);

@@ -7,13 +7,18 @@
 
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <map>
+#include <optional>
 #include <set>
+#include <unordered_map>
 #include <utility>
 
 #include "core/log.h"
-#include "torus/optim/adamw.h"
+#include "torus/amp/autocast.h"
+#include "torus/amp/grad_scaling.h"
 #include "torus/optim/clip.h"
+#include "torus/optim/optimizer.h"
 #include "torus/parallel/data/ddp.h"
 #include "torus/parallel/groups.h"
 #include "torus/parallel/pipeline/executor.h"
@@ -85,8 +90,13 @@ struct Trainer::Impl : public pp::StageCallbacks {
 
   std::vector<std::unique_ptr<StageModule>> chunks;
   std::vector<std::unique_ptr<dp::GradSync>> syncs;  // per chunk, null if nothing to reduce
-  std::unique_ptr<optim::AdamW> optimizer;
+  std::unique_ptr<optim::Optimizer> optimizer;
   std::vector<optim::GradNormEntry> norm_entries;
+  std::unordered_map<const void*, dp::GradSync*> sync_of;  // parameter -> the GradSync holding its gradient
+  std::vector<at::Tensor> all_params;                      // every parameter of this rank's stages
+  std::optional<amp::LossScaler> scaler;                   // f16 parameters
+  int64_t skipped_steps = 0;
+  bool half = false;  // bf16/f16 parameters
   std::vector<at::Tensor> tied_params;  // parameters shared with another stage (owner or copy), in name order
 
   pp::Schedule schedule;
@@ -124,6 +134,8 @@ struct Trainer::Impl : public pp::StageCallbacks {
     Saved sv;
     at::Tensor out;
     tp::DeferWeightGradGuard defer(split_backward);
+    std::optional<amp::AutocastGuard> autocast;
+    if (options.autocast) autocast.emplace(model->device().type(), *options.autocast);
     if (stage == 0) {
       out = module->forward(inputs.at(micro));
     } else {
@@ -132,7 +144,8 @@ struct Trainer::Impl : public pp::StageCallbacks {
     }
     if (stage == S - 1) {
       at::Tensor loss = module->loss(out, labels.at(micro));
-      sv.root = loss / static_cast<double>(layout.num_micro);
+      const double scale = scaler ? scaler->scale() : 1.0;
+      sv.root = loss * (scale / static_cast<double>(layout.num_micro));
       saved[{micro, chunk}] = std::move(sv);
       return loss.detach();
     }
@@ -223,6 +236,21 @@ struct Trainer::Impl : public pp::StageCallbacks {
     }
   }
 
+  // The gradient the optimizer reads for p (a main-gradient slice or p.grad).
+  at::Tensor grad_of(const at::Tensor& p) const {
+    auto it = sync_of.find(p.unsafeGetTensorImpl());
+    return it == sync_of.end() ? p.grad() : it->second->grad(p);
+  }
+
+  std::vector<at::Tensor> current_grads() const {
+    std::vector<at::Tensor> out;
+    for (const auto& p : all_params) {
+      at::Tensor g = grad_of(p);
+      if (g.defined()) out.push_back(g);
+    }
+    return out;
+  }
+
   void zero_grads() {
     for (size_t c = 0; c < chunks.size(); ++c) {
       if (syncs[c]) {
@@ -307,17 +335,24 @@ Trainer::Trainer(comm::ProcessGroupPtr world, std::shared_ptr<const Model> model
     if (m.emb_group && m.emb_group->size() < 2) m.emb_group = nullptr;  // both copies on this rank
   }
 
+  // Note [Mixed precision in the engine].
+  const c10::ScalarType dtype = model_->param_dtype();
+  m.half = dtype == at::kHalf || dtype == at::kBFloat16;
+  const bool main_grads = m.half && !options.grads_in_param_dtype;
+  if (dtype == at::kHalf) m.scaler.emplace(options.loss_scaler);
   for (int c = 0; c < m.V; ++c) {
     std::unique_ptr<dp::GradSync> sync;
-    if (m.groups.dp_size() > 1 || (m.groups.tp_size() > 1 && layout_.sequence_parallel)) {
+    if (m.groups.dp_size() > 1 || (m.groups.tp_size() > 1 && layout_.sequence_parallel) || main_grads) {
       dp::DDPOptions o;
       o.bucket_cap_bytes = options.bucket_cap_bytes;
       o.overlap = options.overlap_grad_sync;
       o.finish_in_backward = false;
       o.broadcast_parameters = false;  // layout-independent init: dp replicas start equal
+      if (main_grads) o.grad_dtype = at::kFloat;
       std::vector<dp::NamedParameter> named;
       for (const auto& p : m.chunks[c]->parameters()) named.push_back({p.name, p.tensor, p.spec});
       sync = std::make_unique<dp::DistributedDataParallel>(std::move(named), m.groups, o);
+      for (const auto& p : m.chunks[c]->parameters()) m.sync_of[p.tensor.unsafeGetTensorImpl()] = sync.get();
     }
     m.syncs.push_back(std::move(sync));
   }
@@ -325,17 +360,30 @@ Trainer::Trainer(comm::ProcessGroupPtr world, std::shared_ptr<const Model> model
   // Optimizer groups: the model says which parameters decay. Clipping counts
   // shards everywhere, TP-replicated parameters on TP rank 0, copies of a
   // tied parameter nowhere (the owner counts it).
-  std::vector<at::Tensor> decay, no_decay;
+  optim::ParamGroup decay, no_decay;
+  decay.weight_decay = optim.weight_decay;
+  no_decay.weight_decay = 0.0;
   for (const auto& chunk : m.chunks) {
     for (const auto& p : chunk->parameters()) {
-      (p.weight_decay ? decay : no_decay).push_back(p.tensor);
+      optim::ParamGroup& g = p.weight_decay ? decay : no_decay;
+      g.params.push_back(p.tensor);
+      g.names.push_back(p.name);
       const bool counted = !p.tie_copy && (p.spec.sharded() || m.groups.tp_rank() == 0);
       m.norm_entries.push_back({p.tensor, counted});
+      m.all_params.push_back(p.tensor);
     }
   }
-  m.optimizer = std::make_unique<optim::AdamW>(
-      std::vector<optim::ParamGroup>{{decay, optim.weight_decay}, {no_decay, 0.0}},
-      optim::AdamWOptions{.lr = optim.lr, .beta1 = optim.beta1, .beta2 = optim.beta2, .eps = optim.eps});
+  optim::OptimizerSpec spec;
+  spec.name = optim.name;
+  spec.lr = optim.lr;
+  spec.beta1 = optim.beta1;
+  spec.beta2 = optim.beta2;
+  spec.eps = optim.eps;
+  spec.momentum = optim.momentum;
+  spec.nesterov = optim.nesterov;
+  spec.weight_decay = optim.weight_decay;
+  m.optimizer = optim::make_optimizer(spec, {std::move(decay), std::move(no_decay)});
+  m.optimizer->set_grad_provider([&m](const at::Tensor& p) { return m.grad_of(p); });
 
   pp::ExecutorOptions eo;
   eo.device = model_->device();
@@ -388,19 +436,47 @@ StepStats Trainer::train_step(const at::Tensor& batch, double lr) {
   // 4. Tied parameters: the owner and its copy add their gradients.
   if (m.emb_group) {
     for (const at::Tensor& p : m.tied_params) {
-      at::Tensor g = p.grad();
+      at::Tensor g = m.grad_of(p);
       TORUS_CHECK(g.defined() && g.is_contiguous(), Error, "trainer: a tied parameter has no contiguous gradient");
       m.emb_group->all_reduce(g)->wait();
     }
   }
-  // 5. Global norm, clipping, one optimizer step.
-  const optim::ClipResult clip = optim::clip_grad_norm(m.norm_entries, m.optim.grad_clip, m.mp_group);
   StepStats st;
-  if (clip.finite) {
+  // Testing: an fp16 overflow on one rank (TrainerOptions::inject_overflow_*).
+  if (m.world->rank() == m.options.inject_overflow_rank && m.steps + 1 == m.options.inject_overflow_step) {
+    for (const auto& p : m.all_params) {
+      at::Tensor g = m.grad_of(p);
+      if (g.defined() && g.numel() > 0) {
+        g.view(-1)[0].fill_(std::numeric_limits<double>::infinity());
+        break;
+      }
+    }
+  }
+  // 5. Loss scaling: unscale, and agree over every rank whether any gradient
+  // overflowed (Note [Mixed precision in the engine]).
+  if (m.scaler) {
+    st.loss_scale = m.scaler->scale();
+    const std::vector<at::Tensor> grads = m.current_grads();
+    amp::unscale_(grads, m.scaler->inv_scale());
+    st.overflow = amp::found_non_finite(grads, m.world);
+    m.scaler->update(st.overflow);
+  }
+  // 6. Global norm, clipping, one optimizer step.
+  for (auto& e : m.norm_entries) e.grad = m.grad_of(e.param);
+  optim::ClipResult clip;
+  if (!st.overflow) clip = optim::clip_grad_norm(m.norm_entries, m.optim.grad_clip, m.mp_group);
+  if (!st.overflow && clip.finite) {
     m.optimizer->step(step_lr);
   } else {
     st.skipped = true;
-    TORUS_LOG_WARN("trainer: step {} skipped: the gradient norm is {}", m.steps + 1, clip.norm);
+    ++m.skipped_steps;
+    if (st.overflow) {
+      TORUS_LOG_INFO("trainer: step {} skipped: fp16 gradients overflowed at loss scale {}; the scale is now {}",
+                     m.steps + 1, st.loss_scale, m.scaler->scale());
+      clip.norm = std::numeric_limits<double>::infinity();
+    } else {
+      TORUS_LOG_WARN("trainer: step {} skipped: the gradient norm is {}", m.steps + 1, clip.norm);
+    }
   }
   m.zero_grads();
   const auto t_sync = Clock::now();
@@ -416,6 +492,7 @@ StepStats Trainer::train_step(const at::Tensor& batch, double lr) {
   st.clip_coefficient = clip.coefficient;
   st.tokens = batch.size(0) * (batch.size(1) - 1);
   st.peak_live = m.last_result.peak_live;
+  st.skipped_steps = m.skipped_steps;
   st.pipeline_seconds = std::chrono::duration<double>(t_pipe - t0).count();
   st.sync_seconds = std::chrono::duration<double>(t_sync - t_pipe).count();
   st.seconds = seconds_since(t0);
@@ -427,6 +504,8 @@ double Trainer::evaluate(const at::Tensor& batch) {
   m.load_batch(batch, "evaluate");
   at::NoGradGuard no_grad;
   for (auto& c : m.chunks) c->module()->eval();
+  std::optional<amp::AutocastGuard> autocast;
+  if (m.options.autocast) autocast.emplace(m.model->device().type(), *m.options.autocast);
   m.evaluating = true;
   struct Reset {
     bool& flag;
@@ -447,6 +526,84 @@ std::map<std::string, at::Tensor> Trainer::gather_local_parameters() const {
     for (auto& [name, t] : c->gather_full_parameters(impl_->groups.tp)) out[name] = t;
   }
   return out;
+}
+
+StateDict Trainer::state_dict() const {
+  const Impl& m = *impl_;
+  StateDict out;
+  std::map<std::string, tp::ShardSpec> specs;
+  for (int c = 0; c < m.V; ++c) {
+    for (const auto& p : m.chunks[c]->parameters()) {
+      out["model." + p.name] = {p.tensor, p.spec, false};
+      specs[p.name] = p.spec;
+    }
+    for (const auto& [stream, t] : m.chunks[c]->rng_state()) {
+      out[fmt::format("rng.stage{}.{}", m.stage_of(c), stream)] = {t, {}, stream == "sharded"};
+    }
+  }
+  for (const auto& [key, t] : m.optimizer->state_dict()) {
+    // "<param name>.<state>": the state of a parameter is laid out like it
+    // when it has its shape (exp_avg, master...), replicated otherwise.
+    StateTensor st{t, {}, false};
+    const size_t dot = key.rfind('.');
+    if (dot != std::string::npos) {
+      auto it = specs.find(key.substr(0, dot));
+      if (it != specs.end() && t.dim() > 0) st.spec = it->second;
+    }
+    out["optim." + key] = st;
+  }
+  if (m.scaler) {
+    for (const auto& [key, t] : m.scaler->state_dict()) out["scaler." + key] = {t, {}, false};
+  }
+  out["engine.step"] = {at::full({}, m.steps, at::TensorOptions().dtype(at::kLong)), {}, false};
+  out["engine.skipped_steps"] = {at::full({}, m.skipped_steps, at::TensorOptions().dtype(at::kLong)), {}, false};
+  return out;
+}
+
+void Trainer::load_state_dict(const StateDict& state) {
+  Impl& m = *impl_;
+  const StateDict mine = state_dict();
+  // Check everything first: the same keys, shapes and dtypes.
+  for (const auto& [key, t] : mine) {
+    auto it = state.find(key);
+    TORUS_CHECK(it != state.end(), InvalidArgument, "Trainer::load_state_dict: '{}' is missing", key);
+    TORUS_CHECK(it->second.tensor.defined() && it->second.tensor.sizes() == t.tensor.sizes() &&
+                    it->second.tensor.scalar_type() == t.tensor.scalar_type(),
+                InvalidArgument, "Trainer::load_state_dict: '{}' has shape {} {}, this rank holds {} {}", key,
+                it->second.tensor.defined() ? c10::str(it->second.tensor.sizes()) : "undefined",
+                it->second.tensor.defined() ? c10::toString(it->second.tensor.scalar_type()) : "",
+                c10::str(t.tensor.sizes()), c10::toString(t.tensor.scalar_type()));
+  }
+  for (const auto& [key, t] : state) {
+    TORUS_CHECK(mine.count(key) || key.rfind("optim.", 0) == 0, InvalidArgument,
+                "Trainer::load_state_dict: '{}' is not state of this rank", key);
+  }
+  std::map<std::string, at::Tensor> optim_state;
+  for (const auto& [key, t] : state) {
+    if (key.rfind("optim.", 0) == 0) optim_state[key.substr(6)] = t.tensor;
+  }
+  m.optimizer->load_state_dict(optim_state);  // checks its own keys before changing anything
+  at::NoGradGuard no_grad;
+  for (int c = 0; c < m.V; ++c) {
+    for (const auto& p : m.chunks[c]->parameters()) {
+      at::Tensor dst = p.tensor;
+      dst.copy_(state.at("model." + p.name).tensor);
+    }
+    std::map<std::string, at::Tensor> rng;
+    for (const auto& [stream, t] : m.chunks[c]->rng_state()) {
+      rng[stream] = state.at(fmt::format("rng.stage{}.{}", m.stage_of(c), stream)).tensor;
+    }
+    m.chunks[c]->set_rng_state(rng);
+  }
+  if (m.scaler) {
+    std::map<std::string, at::Tensor> sc;
+    for (const auto& [key, t] : state) {
+      if (key.rfind("scaler.", 0) == 0) sc[key.substr(7)] = t.tensor;
+    }
+    m.scaler->load_state_dict(sc);
+  }
+  m.steps = state.at("engine.step").tensor.item<int64_t>();
+  m.skipped_steps = state.at("engine.skipped_steps").tensor.item<int64_t>();
 }
 
 int64_t Trainer::num_parameters() const { return model_->num_parameters(); }
