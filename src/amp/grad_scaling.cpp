@@ -50,13 +50,17 @@ void unscale_(const std::vector<at::Tensor>& grads, double inv_scale) {
   TORUS_CHECK(std::isfinite(inv_scale) && inv_scale > 0, InvalidArgument,
               "unscale_: inv_scale must be finite and > 0, got {}", inv_scale);
   if (inv_scale == 1.0) return;
-  std::vector<at::Tensor> defined;
-  defined.reserve(grads.size());
   for (const at::Tensor& g : grads) {
-    if (g.defined()) defined.push_back(g);
+    if (!g.defined()) continue;
+    if (g.scalar_type() == at::kHalf || g.scalar_type() == at::kBFloat16) {
+      // Upcast: ATen's CPU kernels round a scalar factor to f16 on some
+      // paths (the tail of a vectorised loop, _foreach_mul_), which would
+      // round a factor like 1/3 twice.
+      g.copy_(g.to(at::kFloat).mul_(inv_scale));
+    } else {
+      g.mul_(inv_scale);
+    }
   }
-  // ATen forms x * s in the op-math type (fp32 for bf16/f16) and rounds once.
-  if (!defined.empty()) at::_foreach_mul_(defined, at::Scalar(inv_scale));
 }
 
 std::vector<at::Tensor> grads_of(const std::vector<at::Tensor>& params) {
