@@ -190,11 +190,16 @@ at::Tensor GPTBlock::attention(const at::Tensor& x) {
   } else {
     // Explicit path: the probabilities are sharded by head, so their dropout
     // draws from the per-rank stream (Note [Dropout RNG rule]).
-    at::Tensor scores = at::matmul(q, k.transpose(-2, -1)).mul_(1.0 / std::sqrt(static_cast<double>(hd)));
+    // Note [Attention softmax in fp32]: half-precision scores are upcast
+    // before the scaling and the softmax (a row of s exponentials), and the
+    // probabilities rounded back for the product with V. The fused kernel
+    // above does the same inside (its softmax accumulates in fp32).
+    const auto acc = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+    at::Tensor scores = at::matmul(q, k.transpose(-2, -1)).to(acc).mul_(1.0 / std::sqrt(static_cast<double>(hd)));
     at::Tensor causal = at::ones({s, s}, at::TensorOptions().dtype(at::kBool).device(x.device())).triu_(1);
-    at::Tensor probs = at::softmax(scores.masked_fill(causal, -std::numeric_limits<double>::infinity()), -1);
+    at::Tensor probs = at::softmax(scores.masked_fill(causal, -std::numeric_limits<double>::infinity()), -1, acc);
     probs = tp::dropout(probs, config_.attention_dropout, true, rng_->generator(RngRegion::kSharded));
-    ctx = at::matmul(probs, v);
+    ctx = at::matmul(probs.to(v.scalar_type()), v);
   }
   ctx = ctx.permute({2, 0, 1, 3}).reshape({s, b, local_heads_ * hd});
   return proj_->forward(ctx);  // [s, b, h] (reduce-scattered to [s/tp, b, h] under SP)
@@ -251,6 +256,8 @@ at::Tensor GPTHead::loss(const at::Tensor& logits, const at::Tensor& labels) con
   TORUS_CHECK(labels.defined() && labels.dim() == 2 && labels.scalar_type() == at::kLong, InvalidArgument,
               "GPT: labels must be an int64 tensor [batch, seq]");
   at::Tensor targets = labels.t();  // sequence-first, like the logits
+  // fp32 per-token losses whatever the logits' dtype (Note [Cross entropy in
+  // fp32]); their sum and the token count (exact below 2^24) are fp32 too.
   at::Tensor per_token = tp::vocab_parallel_cross_entropy(logits, targets, tp_, {.vocab_size = config_.vocab_size});
   at::Tensor count = targets.ne(-100).sum().clamp_min(1).to(per_token.scalar_type());
   return per_token.sum() / count;

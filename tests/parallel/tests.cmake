@@ -28,3 +28,11 @@ if(TORUS_BUILD_PYTHON)
                                ${PROJECT_SOURCE_DIR}/tests/python/test_parallel.py)
   endforeach()
 endif()
+
+# The same building blocks in bf16 and f16 against f64 on the rounded values,
+# and under CPU autocast (tolerances: Note [Half-precision tolerances]).
+add_executable(torus_tp_half_tests ${CMAKE_CURRENT_LIST_DIR}/tp_half_test.cpp)
+target_link_libraries(torus_tp_half_tests PRIVATE torus_test_main torus)
+foreach(_np 1 2 4)
+  torus_add_mpi_test(NAME tp_half_np${_np} TARGET torus_tp_half_tests NP ${_np} LABELS "parallel;amp" TIMEOUT 240)
+endforeach()

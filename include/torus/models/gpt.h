@@ -65,6 +65,9 @@ struct GPTConfig {
   int64_t vocab_pad_multiple = 1;  // padded vocab: multiple of vocab_pad_multiple * tp
   double init_std = 0.02;          // residual projections: init_std / sqrt(2 * num_layers)
   uint64_t seed = 1234;
+  // Parameters and activations (bf16/f16: docs/precision.md; the initial
+  // values are drawn in fp32 and rounded, so a bf16 model is the fp32 model
+  // rounded). LayerNorm, attention softmax and the loss compute in fp32.
   c10::ScalarType dtype = at::kFloat;
   c10::Device device = c10::Device(c10::kCPU);
 
@@ -164,7 +167,9 @@ class GPTHead : public torch::nn::Module, public tp::ShardedModule {
   // hidden [s(/tp), b, h] -> logits [s, b, padded_vocab/tp].
   at::Tensor forward(const at::Tensor& hidden);
   // Mean cross entropy over the tokens of logits [s, b, V/tp] against labels
-  // [b, s] (ignore_index -100). No logit gather.
+  // [b, s] (ignore_index -100). No logit gather. fp32 (f64 for an f64
+  // model) whatever the parameter dtype: bf16/f16 logits are upcast inside
+  // the cross entropy.
   at::Tensor loss(const at::Tensor& logits, const at::Tensor& labels) const;
   tp::ShardSpecs shard_specs() const override;
   const at::Tensor& output_weight() const { return output_; }
@@ -186,7 +191,8 @@ class GPT : public torch::nn::Module {
   // tokens [b, s] (or hidden states for a part without the embedding) ->
   // logits [s, b, padded_vocab/tp] (or hidden states without the head).
   at::Tensor forward(const at::Tensor& input);
-  // forward + mean cross entropy against labels [b, s]. Needs the head.
+  // forward + mean cross entropy against labels [b, s], in fp32 for bf16/f16
+  // models (GPTHead::loss). Needs the head.
   at::Tensor loss(const at::Tensor& input, const at::Tensor& labels);
 
   const GPTConfig& config() const { return config_; }

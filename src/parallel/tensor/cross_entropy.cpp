@@ -20,6 +20,14 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
+// Note [Cross entropy in fp32]: half-precision logits are upcast here. The
+// max, the exp-sum over the vocabulary (a sum of up to V terms), its log and
+// the target logit are fp32, so is the per-token loss; the only rounding to
+// the logits' dtype is that of the gradient handed back.
+at::ScalarType compute_dtype(at::ScalarType logits) {
+  return logits == at::kDouble ? at::kDouble : at::kFloat;
+}
+
 struct VocabParallelCrossEntropy : torch::autograd::Function<VocabParallelCrossEntropy> {
   // logits [T, local]; targets [T]. Returns the loss [T].
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits, const at::Tensor& targets,
@@ -28,10 +36,11 @@ struct VocabParallelCrossEntropy : torch::autograd::Function<VocabParallelCrossE
     const int64_t start = parallel::group_rank(g) * local;
     // Columns at or past vocab_size are padding: they take no part at all.
     const int64_t valid = std::clamp<int64_t>(vocab_size - start, 0, local);
-    const at::Tensor v = logits.narrow(1, 0, valid);
+    const auto acc = logits.options().dtype(compute_dtype(logits.scalar_type()));
+    const at::Tensor v = logits.narrow(1, 0, valid).to(acc.dtype());  // Note [Cross entropy in fp32]
 
     at::Tensor max = valid > 0 ? std::get<0>(v.max(1))
-                               : at::full({logits.size(0)}, -std::numeric_limits<double>::infinity(), logits.options());
+                               : at::full({logits.size(0)}, -std::numeric_limits<double>::infinity(), acc);
     if (parallel::group_size(g) > 1) g->all_reduce(max, {.op = comm::ReduceOp::kMax})->wait();
 
     at::Tensor exp = (v - max.unsqueeze(1)).exp_();  // one temporary, exponentiated in place
@@ -40,17 +49,18 @@ struct VocabParallelCrossEntropy : torch::autograd::Function<VocabParallelCrossE
         (targets - start).clamp_(0, std::max<int64_t>(valid - 1, 0)).masked_fill_(in_range.logical_not(), 0);
     at::Tensor target_logit =
         valid > 0 ? (v.gather(1, local_target.unsqueeze(1)).squeeze(1) - max) * in_range.to(v.scalar_type())
-                  : at::zeros({logits.size(0)}, logits.options());
+                  : at::zeros({logits.size(0)}, acc);
     // One all-reduce for both sums: [exp-sum; target logit].
     at::Tensor sums = at::stack({exp.sum(1), target_logit});
     if (parallel::group_size(g) > 1) g->all_reduce(sums)->wait();
     at::Tensor sum_exp = sums[0];
     at::Tensor keep = targets.ne(ignore_index);
-    at::Tensor loss = (sum_exp.log() - sums[1]).mul_(keep.to(logits.scalar_type()));
+    at::Tensor loss = (sum_exp.log() - sums[1]).mul_(keep.to(v.scalar_type()));
 
     exp.div_(sum_exp.unsqueeze(1));  // softmax over the valid columns
     ctx->save_for_backward({exp, local_target, in_range, keep});
     ctx->saved_data["local"] = local;
+    ctx->saved_data["dtype"] = static_cast<int64_t>(logits.scalar_type());
     return loss;
   }
 
@@ -70,6 +80,7 @@ struct VocabParallelCrossEntropy : torch::autograd::Function<VocabParallelCrossE
       grad.scatter_add_(1, local_target.unsqueeze(1), (-scale * in_range.to(scale.scalar_type())).unsqueeze(1));
     }
     if (valid < local) grad = at::constant_pad_nd(grad, {0, local - valid});
+    grad = grad.to(static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt()));  // rounded once
     return {grad, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
@@ -112,6 +123,9 @@ at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits, const at::Tens
     // and a zero gradient, exactly as in the TP path.
     at::Tensor v = logits.reshape({-1, local});
     if (vocab < local) v = v.narrow(1, 0, vocab);
+    // Note [Cross entropy in fp32]; the cast's backward rounds the gradient
+    // to the logits' dtype.
+    v = v.to(compute_dtype(v.scalar_type()));
     at::Tensor loss = at::cross_entropy_loss(v, flat_targets, std::nullopt, at::Reduction::None, options.ignore_index);
     return loss.view(targets.sizes());
   }

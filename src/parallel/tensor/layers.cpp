@@ -5,6 +5,8 @@
 #include <ATen/Functions.h>
 #include <ATen/TensorOperators.h>
 
+#include <torch/csrc/autograd/custom_function.h>
+
 #include "core/log.h"
 #include "torus/parallel/groups.h"
 #include "torus/parallel/tensor/mappings.h"
@@ -41,6 +43,37 @@ int64_t divided(int64_t size, const comm::ProcessGroupPtr& tp, const char* what,
 InitSpec normal(const ParamInit& init, std::string_view name) {
   return {InitSpec::Kind::kNormal, init.std, derive_seed(init.seed, name)};
 }
+bool is_reduced_float(const at::Tensor& t) {
+  return t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf;
+}
+
+// Note [Embedding gradient in fp32]: the gradient of a table row is the sum
+// of the output gradients of every token that looked it up — thousands of
+// terms for a frequent token. ATen's CPU kernel accumulates it in the
+// table's dtype, which for bf16 loses whole percents; this lookup sums in
+// fp32 (ATen's own dense backward on fp32 gradients: deterministic, on CPU
+// and CUDA) and rounds the result once. Used for bf16/f16 tables only.
+struct HalfEmbedding : torch::autograd::Function<HalfEmbedding> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& weight,
+                            const at::Tensor& indices) {
+    ctx->save_for_backward({indices});
+    ctx->saved_data["rows"] = weight.size(0);
+    ctx->saved_data["dtype"] = static_cast<int64_t>(weight.scalar_type());
+    return at::embedding(weight, indices);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const at::Tensor indices = ctx->get_saved_variables()[0];
+    at::Tensor dw = at::embedding_dense_backward(grads[0].to(at::kFloat), indices, ctx->saved_data["rows"].toInt(),
+                                                 /*padding_idx=*/-1, /*scale_grad_by_freq=*/false);
+    return {dw.to(static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt())), at::Tensor()};
+  }
+};
+
+at::Tensor embedding_lookup(const at::Tensor& weight, const at::Tensor& indices) {
+  return is_reduced_float(weight) ? HalfEmbedding::apply(weight, indices) : at::embedding(weight, indices);
+}
+
 constexpr InitSpec kZeros{InitSpec::Kind::kZeros, 0.0, 0};
 constexpr InitSpec kOnes{InitSpec::Kind::kOnes, 0.0, 0};
 
@@ -94,13 +127,13 @@ at::Tensor vocab_parallel_embedding(const at::Tensor& tokens, const at::Tensor& 
                 "{}) divisible by the TP size {}",
                 tokens.dim() >= 1 ? tokens.size(0) : 0, group_size(tp));
   }
-  if (group_size(tp) == 1) return at::embedding(weight, tokens);
+  if (group_size(tp) == 1) return embedding_lookup(weight, tokens);
   const int64_t local = weight.size(0);
   const int64_t start = group_rank(tp) * local;
   // Tokens owned by other ranks look up row 0 and are zeroed: the sum over
   // ranks then holds exactly one real row per token.
   at::Tensor outside = tokens.lt(start).logical_or_(tokens.ge(start + local));
-  at::Tensor rows = at::embedding(weight, (tokens - start).masked_fill_(outside, 0));
+  at::Tensor rows = embedding_lookup(weight, (tokens - start).masked_fill_(outside, 0));
   at::Tensor partial = rows.masked_fill(outside.unsqueeze(-1), 0);
   return reduce_scatter_output ? reduce_scatter_to_sequence_region(partial, tp) : reduce_from_tp_region(partial, tp);
 }
@@ -192,7 +225,18 @@ LayerNorm::LayerNorm(const LayerNormOptions& options) : options_(options) {
 }
 
 at::Tensor LayerNorm::forward(const at::Tensor& x) {
-  return at::layer_norm(x, {options_.dim}, weight_, bias_, options_.eps);
+  TORUS_CHECK(x.defined() && at::isFloatingType(x.scalar_type()), InvalidArgument,
+              "LayerNorm: the input must be a floating-point tensor");
+  if (!is_reduced_float(x) && !is_reduced_float(weight_)) {
+    return at::layer_norm(x, {options_.dim}, weight_, bias_, options_.eps);
+  }
+  // Half precision (bf16/f16 parameters or activations): the mean and the
+  // variance over `dim` elements are formed in fp32, whatever the kernel
+  // does internally, and the result is rounded once to the input's dtype.
+  // The casts' backwards return each gradient in its tensor's dtype, the
+  // weight and bias gradients summed over the tokens in fp32.
+  const auto f32 = at::kFloat;
+  return at::layer_norm(x.to(f32), {options_.dim}, weight_.to(f32), bias_.to(f32), options_.eps).to(x.scalar_type());
 }
 
 ShardSpecs LayerNorm::shard_specs() const {

@@ -16,13 +16,16 @@ thread_local bool t_defer = false;
 thread_local WeightGradStore* t_store = nullptr;
 
 // Weight and bias gradients of one linear from its input and output gradient
-// (leading dimensions flattened).
+// (leading dimensions flattened). Note [Linear compute dtype]: the matmuls run
+// in the output gradient's dtype — the dtype the forward computed in, which
+// under autocast differs from the fp32 parameters and input — and each
+// gradient is returned in its tensor's own dtype.
 std::pair<at::Tensor, at::Tensor> weight_grads(const at::Tensor& weight, const at::Tensor& bias, const at::Tensor& x,
                                                const at::Tensor& dy) {
   const int64_t out = weight.size(0), in = weight.size(1);
   at::Tensor dy2 = dy.reshape({-1, out});
-  at::Tensor dw = at::mm(dy2.t(), x.reshape({-1, in}));
-  at::Tensor db = bias.defined() ? dy2.sum(0) : at::Tensor();
+  at::Tensor dw = at::mm(dy2.t(), x.reshape({-1, in}).to(dy.scalar_type())).to(weight.scalar_type());
+  at::Tensor db = bias.defined() ? dy2.sum(0).to(bias.scalar_type()) : at::Tensor();
   return {dw, db};
 }
 
@@ -54,7 +57,8 @@ struct DeferredLinear : torch::autograd::Function<DeferredLinear> {
     const at::Tensor weight = ctx->saved_data["weight"].toTensor();
     const at::Tensor bias = ctx->saved_data["has_bias"].toBool() ? ctx->saved_data["bias"].toTensor() : at::Tensor();
     const at::Tensor& dy = grads[0];
-    at::Tensor dx = at::matmul(dy, weight.detach());
+    // Note [Linear compute dtype].
+    at::Tensor dx = at::matmul(dy, weight.detach().to(dy.scalar_type())).to(x.scalar_type());
     if (t_store != nullptr) {
       t_store->push(weight, bias, x, dy);
     } else {

@@ -27,7 +27,9 @@ struct VocabParallelCrossEntropyOptions {
 };
 
 // logits [..., V/tp] (floating), targets [...] (int64). Returns the per-token
-// loss [...] in the logits' dtype. Throws InvalidArgument on mismatched shapes
+// loss [...] in fp32 (f64 for f64 logits): bf16/f16 logits are upcast inside,
+// every statistic is fp32, and the gradient w.r.t. the logits comes back in
+// the logits' dtype (Note [Cross entropy in fp32]). Throws InvalidArgument on mismatched shapes
 // or a vocabulary larger than the padded one, before any communication.
 at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits, const at::Tensor& targets,
                                         const comm::ProcessGroupPtr& tp,
