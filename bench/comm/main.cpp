@@ -27,6 +27,7 @@
 #include "common/sweep.h"
 #include "torus/comm/context.h"
 #include "torus/core/error.h"
+#include "torus/core/params.h"
 
 namespace torus::bench {
 namespace {
@@ -197,11 +198,7 @@ int run(const Options& o) {
 
   // The probe runs before the bootstrap, on rank 0 alone, so that no
   // collective traffic shares the memory system with it.
-  const auto env = [](const char* name) -> std::optional<std::string> {
-    const char* v = std::getenv(name);
-    return v ? std::optional<std::string>(v) : std::nullopt;
-  };
-  const comm::LaunchInfo launch = comm::detect_launch(init, env);
+  const comm::LaunchInfo launch = comm::detect_launch(init);
   std::optional<MemcpyProbe> probe;
   if (o.sweep.probe && launch.rank == 0) probe = memcpy_probe();
 
@@ -219,9 +216,7 @@ int run(const Options& o) {
               : o.buffers == BufferKind::kShared ? "buffers: shared_host_alloc"
               : shared_alloc                     ? "buffers: tensor storage from the shared host allocator"
                                                  : "buffers: tensor storage from LibTorch's CPU allocator");
-  if (const char* prov = std::getenv("FI_PROVIDER"); prov && be.name() == "ofi") {
-    report.note(std::string("FI_PROVIDER=") + prov);
-  }
+  if (auto prov = env_lookup("FI_PROVIDER"); prov && be.name() == "ofi") report.note("FI_PROVIDER=" + *prov);
 
   try {
     settle(be, o.sweep.settle_ms, o.timeout);

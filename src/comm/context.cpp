@@ -9,7 +9,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cstdlib>
 #include <algorithm>
 #include <map>
 #include <thread>
@@ -31,12 +30,6 @@ namespace torus::comm {
 namespace {
 
 using namespace std::chrono_literals;
-
-std::optional<std::string> process_getenv(const char* name) {
-  const char* v = std::getenv(name);
-  if (v == nullptr) return std::nullopt;
-  return std::string(v);
-}
 
 bool is_loopback(const std::string& addr) {
   return addr == "localhost" || addr == "::1" || addr.rfind("127.", 0) == 0;
@@ -99,7 +92,7 @@ std::shared_ptr<Context> Context::create(const InitOptions& options) {
   set_log_level(params.log_level);
   std::shared_ptr<Context> ctx(new Context());
   ctx->failed_ops_at_start_ = failed_ops_in_process();
-  ctx->launch_ = detect_launch(options, process_getenv);
+  ctx->launch_ = detect_launch(options, params, env_lookup);
   LaunchInfo& L = ctx->launch_;
   set_log_rank(L.rank, L.world_size);
   ctx->timeout_ = options.timeout.count() > 0 ? options.timeout : params.timeout;

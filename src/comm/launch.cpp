@@ -1,19 +1,23 @@
 // Launch detection: rank, world size, local rank/size and the store address,
-// following the precedence written in context.h.
+// following the precedence written in context.h. The TORUS_* values come
+// parsed (EnvParams); the launcher's variables are read here, through the
+// injected lookup, since which of them count depends on which are present.
+#include <cerrno>
 #include <cstdlib>
 #include <string>
 
 #include "core/log.h"
 #include "torus/comm/context.h"
+#include "torus/core/params.h"
 
 namespace torus::comm {
 namespace {
 
 struct Reader {
-  const GetEnv& getenv;
+  const GetEnv& lookup;
 
   std::optional<int> integer(const char* name, int min_value) const {
-    auto s = getenv(name);
+    auto s = lookup(name);
     if (!s || s->empty()) return std::nullopt;
     char* end = nullptr;
     errno = 0;
@@ -23,11 +27,11 @@ struct Reader {
     return static_cast<int>(v);
   }
   std::string string(const char* name) const {
-    auto s = getenv(name);
+    auto s = lookup(name);
     return s ? *s : std::string();
   }
   bool has(const char* name) const {
-    auto s = getenv(name);
+    auto s = lookup(name);
     return s && !s->empty();
   }
 };
@@ -49,8 +53,8 @@ bool from_source(const Reader& env, LaunchInfo& out, const char* rank_var, const
 
 }  // namespace
 
-LaunchInfo detect_launch(const InitOptions& options, const GetEnv& getenv) {
-  Reader env{getenv};
+LaunchInfo detect_launch(const InitOptions& options, const EnvParams& params, const GetEnv& launcher_env) {
+  Reader env{launcher_env};
   LaunchInfo info;
   info.local_rank = -1;
   info.local_size = -1;
@@ -62,7 +66,12 @@ LaunchInfo detect_launch(const InitOptions& options, const GetEnv& getenv) {
     info.rank = *options.rank;
     info.world_size = *options.world_size;
     info.source = "options";
-  } else if (from_source(env, info, "TORUS_RANK", "TORUS_WORLD_SIZE", "TORUS_LOCAL_RANK", "TORUS_LOCAL_SIZE")) {
+  } else if (params.rank || params.world_size) {
+    TORUS_CHECK(params.rank && params.world_size, InvalidArgument,
+                "TORUS_RANK and TORUS_WORLD_SIZE must be set together (found only {})",
+                params.rank ? "TORUS_RANK" : "TORUS_WORLD_SIZE");
+    info.rank = *params.rank;
+    info.world_size = *params.world_size;
     info.source = "torus-env";
   } else if (from_source(env, info, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
                          "OMPI_COMM_WORLD_LOCAL_SIZE")) {
@@ -86,13 +95,14 @@ LaunchInfo detect_launch(const InitOptions& options, const GetEnv& getenv) {
     info.source = "single";
   }
 
-  // Explicit local rank/size override whatever the source said.
+  // Local rank/size: options > TORUS_LOCAL_* > the source's own. Ranks given
+  // in code take no local values from the environment.
+  if (info.source != "options") {
+    if (params.local_rank) info.local_rank = *params.local_rank;
+    if (params.local_size) info.local_size = *params.local_size;
+  }
   if (options.local_rank) info.local_rank = *options.local_rank;
   if (options.local_size) info.local_size = *options.local_size;
-  if (info.source != "torus-env" && info.source != "options") {
-    if (auto v = env.integer("TORUS_LOCAL_RANK", 0)) info.local_rank = *v;
-    if (auto v = env.integer("TORUS_LOCAL_SIZE", 1)) info.local_size = *v;
-  }
 
   TORUS_CHECK(info.world_size >= 1, InvalidArgument, "world size must be >= 1, got {} (from {})", info.world_size,
               info.source);
@@ -106,10 +116,10 @@ LaunchInfo detect_launch(const InitOptions& options, const GetEnv& getenv) {
   // The store address: options > TORUS_MASTER_* > MASTER_* (torchrun, Slurm
   // recipes). Empty means the bootstrap chooses (Open MPI launches).
   info.master_addr = options.master_addr;
-  if (info.master_addr.empty()) info.master_addr = env.string("TORUS_MASTER_ADDR");
+  if (info.master_addr.empty()) info.master_addr = params.master_addr;
   if (info.master_addr.empty()) info.master_addr = env.string("MASTER_ADDR");
   std::optional<int> port = options.master_port;
-  if (!port) port = env.integer("TORUS_MASTER_PORT", 0);
+  if (!port) port = params.master_port;
   if (!port) port = env.integer("MASTER_PORT", 0);
   info.master_port = port.value_or(0);
   TORUS_CHECK(info.master_port >= 0 && info.master_port <= 65535, InvalidArgument, "master port {} is not a port",
@@ -122,5 +132,7 @@ LaunchInfo detect_launch(const InitOptions& options, const GetEnv& getenv) {
               "master address '{}' given without a port: set TORUS_MASTER_PORT (or MASTER_PORT)", info.master_addr);
   return info;
 }
+
+LaunchInfo detect_launch(const InitOptions& options) { return detect_launch(options, env_params(), env_lookup); }
 
 }  // namespace torus::comm

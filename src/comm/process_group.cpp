@@ -397,7 +397,7 @@ at::Tensor shared_host_zeros(at::IntArrayRef sizes, c10::ScalarType dtype) {
 }
 
 bool maybe_install_shared_host_allocator(const Context& ctx) {
-  const SharedHostAllocPolicy policy = shared_host_alloc_policy_from_env();
+  const SharedHostAllocPolicy policy = env_params().shared_host.alloc;
   if (policy == SharedHostAllocPolicy::kOff) return false;
   const auto& host_of = ctx.hosts().host_of_rank;
   const int mine = host_of.empty() ? 0 : host_of[static_cast<size_t>(ctx.rank())];

@@ -85,8 +85,9 @@ void fork_child();
 Registry& registry() {
   static Registry* r = [] {
     auto* reg = new Registry();  // never destroyed: frees may run during static destruction
-    const char* fork_mode = std::getenv("TORUS_SHARED_HOST_FORK");  // validated by SharedHostPoolOptions::from_env
-    reg->pool.fork_copy = fork_mode != nullptr && std::string(fork_mode) == "copy";
+    // The fork mode applies to single allocations too, which may come before
+    // any pool options are set.
+    reg->pool.fork_copy = env_params().shared_host.fork_copy;
     ::pthread_atfork(&fork_prepare, &fork_parent, &fork_child);
     return reg;
   }();
@@ -335,24 +336,16 @@ std::optional<SharedHostSpan> find_shared_host(const void* p, size_t bytes) {
 
 // --- the pool ---------------------------------------------------------------------
 
-SharedHostPoolOptions SharedHostPoolOptions::from_env() {
+SharedHostPoolOptions SharedHostPoolOptions::from_params(const EnvParams& params) {
+  const EnvParams::SharedHost& e = params.shared_host;
   SharedHostPoolOptions o;
-  if (auto v = env_int("TORUS_SHARED_HOST_SLAB_BYTES")) {
-    TORUS_CHECK(*v >= static_cast<int64_t>(kSlabAlign), InvalidArgument,
-                "TORUS_SHARED_HOST_SLAB_BYTES={} must be >= {} (2 MiB)", *v, kSlabAlign);
-    o.slab_bytes = static_cast<size_t>(*v);
-  }
-  if (auto v = env_int("TORUS_SHARED_HOST_CACHE_BYTES")) {
-    TORUS_CHECK(*v >= 0, InvalidArgument, "TORUS_SHARED_HOST_CACHE_BYTES={} must be >= 0", *v);
-    o.cache_bytes = static_cast<size_t>(*v);
-  }
-  if (auto v = env_string("TORUS_SHARED_HOST_FORK"); v && !v->empty()) {
-    TORUS_CHECK(*v == "view" || *v == "copy", InvalidArgument, "TORUS_SHARED_HOST_FORK='{}' must be view or copy",
-                *v);
-    o.fork_copy = *v == "copy";
-  }
+  o.slab_bytes = e.slab_bytes.value_or(o.slab_bytes);  // params.cpp checks >= kSlabAlign
+  o.cache_bytes = e.cache_bytes.value_or(o.cache_bytes);
+  o.fork_copy = e.fork_copy;
   return o;
 }
+
+SharedHostPoolOptions SharedHostPoolOptions::from_env() { return from_params(env_params()); }
 
 void set_shared_host_pool_options(const SharedHostPoolOptions& options) {
   TORUS_CHECK(options.slab_bytes >= kSlabAlign, InvalidArgument, "shared host pool: slab_bytes {} must be >= {}",
@@ -476,22 +469,13 @@ SharedHostPoolStats shared_host_pool_stats() {
 
 // --- the allocator's policy (the allocator itself is in the tensor layer) ---------
 
-SharedHostAllocPolicy shared_host_alloc_policy_from_env() {
-  auto v = env_string("TORUS_SHARED_HOST_ALLOC");
-  if (!v || v->empty() || *v == "auto") return SharedHostAllocPolicy::kAuto;
-  if (*v == "on" || *v == "1") return SharedHostAllocPolicy::kOn;
-  if (*v == "off" || *v == "0") return SharedHostAllocPolicy::kOff;
-  throw InvalidArgument(fmt::format("TORUS_SHARED_HOST_ALLOC='{}' must be auto, on or off", *v));
-}
-
-SharedHostAllocatorOptions SharedHostAllocatorOptions::from_env() {
+SharedHostAllocatorOptions SharedHostAllocatorOptions::from_params(const EnvParams& params) {
   SharedHostAllocatorOptions o;
-  if (auto v = env_int("TORUS_SHARED_HOST_ALLOC_MIN_BYTES")) {
-    TORUS_CHECK(*v >= 1, InvalidArgument, "TORUS_SHARED_HOST_ALLOC_MIN_BYTES={} must be >= 1", *v);
-    o.min_bytes = static_cast<size_t>(*v);
-  }
-  o.pool = SharedHostPoolOptions::from_env();
+  o.min_bytes = params.shared_host.alloc_min_bytes.value_or(o.min_bytes);
+  o.pool = SharedHostPoolOptions::from_params(params);
   return o;
 }
+
+SharedHostAllocatorOptions SharedHostAllocatorOptions::from_env() { return from_params(env_params()); }
 
 }  // namespace torus::comm

@@ -4,25 +4,20 @@
 
 #include <atomic>
 #include <chrono>
-#include <cstdlib>
 #include <ctime>
 #include <string>
 
 #include "core/log.h"
+#include "torus/core/params.h"
 
 namespace torus {
 namespace {
 
 LogLevel initial_level() {
-  // The logger must work before (and without) the parameter layer, so it reads
-  // its one variable directly; params.cpp validates the same variable.
-  const char* v = std::getenv("TORUS_LOG_LEVEL");
-  if (v == nullptr || *v == '\0') return LogLevel::kInfo;
-  try {
-    return parse_log_level(v);
-  } catch (const InvalidArgument&) {
-    return LogLevel::kInfo;
-  }
+  // The logger must work before (and without) the parameter layer, so it
+  // takes TORUS_LOG_LEVEL through a helper that never throws; env_params()
+  // rejects a bad value at start-up.
+  return initial_log_level_from_env();
 }
 
 std::atomic<int>& level_ref() {

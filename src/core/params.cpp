@@ -1,11 +1,12 @@
-// The one place where Torus reads its environment variables.
+// The one place where Torus reads its environment (Note [One reader of the
+// environment] in torus/core/params.h).
 #include "torus/core/params.h"
 
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
 #include <set>
 
 #include "core/log.h"
@@ -14,10 +15,16 @@ extern char** environ;
 
 namespace torus {
 
-std::optional<std::string> env_string(const char* name) {
+std::optional<std::string> env_lookup(const char* name) {
   const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return std::nullopt;
+  if (v == nullptr) return std::nullopt;
   return std::string(v);
+}
+
+std::optional<std::string> env_string(const char* name) {
+  auto v = env_lookup(name);
+  if (!v || v->empty()) return std::nullopt;
+  return v;
 }
 
 std::optional<int64_t> env_int(const char* name) {
@@ -41,6 +48,14 @@ std::optional<bool> env_bool(const char* name) {
   throw InvalidArgument(fmt::format("environment variable {}='{}' is not a boolean (use 1/0, true/false)", name, *s));
 }
 
+LogLevel initial_log_level_from_env() noexcept {
+  try {
+    if (auto v = env_string("TORUS_LOG_LEVEL")) return parse_log_level(*v);
+  } catch (...) {
+  }
+  return LogLevel::kInfo;
+}
+
 namespace {
 
 std::optional<int> env_int32(const char* name, int64_t min_value) {
@@ -51,30 +66,98 @@ std::optional<int> env_int32(const char* name, int64_t min_value) {
   return static_cast<int>(*v);
 }
 
-// Every TORUS_* variable Torus knows; anything else with the prefix is a typo.
-const std::set<std::string>& known_variables() {
-  static const std::set<std::string> known = {
-      "TORUS_LOG_LEVEL",     "TORUS_TIMEOUT_MS",   "TORUS_DEBUG_COLLECTIVES", "TORUS_BACKEND",
-      "TORUS_RANK",          "TORUS_WORLD_SIZE",   "TORUS_LOCAL_RANK",        "TORUS_LOCAL_SIZE",
-      "TORUS_MASTER_ADDR",   "TORUS_MASTER_PORT",  "TORUS_SOCKET_IFNAME",     "TORUS_JOB_TOKEN",
-      "TORUS_STORE_TIMEOUT_MS", "TORUS_RUNTIME_DIR", "TORUS_OFI_PROVIDER",
-      // ofi backend tuning, read by src/comm/ofi/ofi_options.cpp (docs/ofi.md).
-      "TORUS_OFI_HOST_SHM", "TORUS_OFI_SHM_CHUNK_BYTES", "TORUS_OFI_SHM_STAGE_BYTES", "TORUS_OFI_SHM_DEPTH",
-      "TORUS_OFI_SHM_EAGER_BYTES", "TORUS_OFI_SHM_ZERO_COPY_BYTES", "TORUS_OFI_SHM_NT_BYTES", "TORUS_OFI_RD_MAX_BYTES", "TORUS_OFI_TREE_MAX_BYTES", "TORUS_OFI_CHUNK_BYTES",
-      "TORUS_OFI_WINDOW", "TORUS_OFI_REGISTER_LOCAL",
-      // The shared host allocator and pool (src/comm/shared_host.cpp, docs/comm.md).
+std::optional<size_t> env_size(const char* name, int64_t min_value) {
+  auto v = env_int(name);
+  if (!v) return std::nullopt;
+  TORUS_CHECK(*v >= min_value, InvalidArgument, "environment variable {}={} must be >= {}", name, *v, min_value);
+  return static_cast<size_t>(*v);
+}
+
+// Every TORUS_* variable of the library, each parsed in EnvParams::from_env
+// below, and those read only by the build scripts and tests.
+const std::set<std::string, std::less<>>& known_variables() {
+  static const std::set<std::string, std::less<>> known = {
+      "TORUS_LOG_LEVEL", "TORUS_TIMEOUT_MS", "TORUS_DEBUG_COLLECTIVES", "TORUS_BACKEND",
+      // bootstrap
+      "TORUS_RANK", "TORUS_WORLD_SIZE", "TORUS_LOCAL_RANK", "TORUS_LOCAL_SIZE", "TORUS_MASTER_ADDR",
+      "TORUS_MASTER_PORT", "TORUS_SOCKET_IFNAME", "TORUS_JOB_TOKEN", "TORUS_STORE_TIMEOUT_MS", "TORUS_RUNTIME_DIR",
+      // ofi backend (docs/ofi.md)
+      "TORUS_OFI_PROVIDER", "TORUS_OFI_HOST_SHM", "TORUS_OFI_SHM_CHUNK_BYTES", "TORUS_OFI_SHM_STAGE_BYTES",
+      "TORUS_OFI_SHM_DEPTH", "TORUS_OFI_SHM_EAGER_BYTES", "TORUS_OFI_SHM_NT_BYTES", "TORUS_OFI_SHM_ZERO_COPY_BYTES",
+      "TORUS_OFI_INLINE_SPIN_US", "TORUS_OFI_INLINE_MAX_BYTES", "TORUS_OFI_OVERSUBSCRIBED", "TORUS_OFI_RD_MAX_BYTES",
+      "TORUS_OFI_TREE_MAX_BYTES", "TORUS_OFI_CHUNK_BYTES", "TORUS_OFI_WINDOW", "TORUS_OFI_REGISTER_LOCAL",
+      // shared host memory (docs/comm.md)
       "TORUS_SHARED_HOST_ALLOC", "TORUS_SHARED_HOST_ALLOC_MIN_BYTES", "TORUS_SHARED_HOST_SLAB_BYTES",
       "TORUS_SHARED_HOST_CACHE_BYTES", "TORUS_SHARED_HOST_FORK",
-      // Read by tools and tests rather than the library.
-      "TORUS_BUILD_DIR", "TORUS_TEST_SCALE"};
+      // Read by the build scripts and tests, never by the library (docs/testing.md).
+      "TORUS_BUILD_DIR", "TORUS_JOBS", "TORUS_NP", "TORUS_GPU_JOBS", "TORUS_SKIP_APT", "TORUS_NO_CUDA",
+      "TORUS_CTEST_ARGS", "TORUS_REQUIRE_GPU", "TORUS_BOOTSTRAP_TOKEN_RANK"};
   return known;
+}
+
+constexpr std::string_view kTestPrefix = "TORUS_TEST_";  // reserved for the tests' own variables
+
+SharedHostAllocPolicy parse_shared_host_alloc(const std::string& v) {
+  if (v == "auto") return SharedHostAllocPolicy::kAuto;
+  if (v == "on" || v == "1") return SharedHostAllocPolicy::kOn;
+  if (v == "off" || v == "0") return SharedHostAllocPolicy::kOff;
+  throw InvalidArgument(fmt::format("TORUS_SHARED_HOST_ALLOC='{}' must be auto, on or off", v));
+}
+
+EnvParams::Ofi ofi_from_env() {
+  EnvParams::Ofi o;
+  if (auto v = env_string("TORUS_OFI_PROVIDER")) {
+    o.provider = *v;
+  } else if (auto f = env_string("FI_PROVIDER")) {
+    o.provider = *f;  // libfabric's own variable, so that FI_PROVIDER=tcp alone also steers Torus
+  }
+  o.host_shm = env_bool("TORUS_OFI_HOST_SHM");
+  o.shm_chunk_bytes = env_size("TORUS_OFI_SHM_CHUNK_BYTES", 64);
+  o.shm_stage_bytes = env_size("TORUS_OFI_SHM_STAGE_BYTES", 4096);
+  o.shm_depth = env_int32("TORUS_OFI_SHM_DEPTH", 2);
+  o.shm_eager_bytes = env_size("TORUS_OFI_SHM_EAGER_BYTES", 0);
+  o.shm_nt_bytes = env_size("TORUS_OFI_SHM_NT_BYTES", 0);
+  o.shm_zero_copy_bytes = env_size("TORUS_OFI_SHM_ZERO_COPY_BYTES", 0);
+  o.inline_spin_us = env_size("TORUS_OFI_INLINE_SPIN_US", 0);
+  o.inline_max_bytes = env_size("TORUS_OFI_INLINE_MAX_BYTES", 0);
+  o.oversubscribed = env_bool("TORUS_OFI_OVERSUBSCRIBED");
+  o.rd_max_bytes = env_size("TORUS_OFI_RD_MAX_BYTES", 0);
+  o.tree_max_bytes = env_size("TORUS_OFI_TREE_MAX_BYTES", 0);
+  o.chunk_bytes = env_size("TORUS_OFI_CHUNK_BYTES", 64);
+  o.window = env_int32("TORUS_OFI_WINDOW", 1);
+  o.register_local = env_bool("TORUS_OFI_REGISTER_LOCAL");
+  return o;
+}
+
+EnvParams::SharedHost shared_host_from_env() {
+  EnvParams::SharedHost s;
+  if (auto v = env_string("TORUS_SHARED_HOST_ALLOC")) s.alloc = parse_shared_host_alloc(*v);
+  s.alloc_min_bytes = env_size("TORUS_SHARED_HOST_ALLOC_MIN_BYTES", 1);
+  s.slab_bytes = env_size("TORUS_SHARED_HOST_SLAB_BYTES", int64_t{2} << 20);  // the pool's slab alignment
+  s.cache_bytes = env_size("TORUS_SHARED_HOST_CACHE_BYTES", 0);
+  if (auto v = env_string("TORUS_SHARED_HOST_FORK")) {
+    TORUS_CHECK(*v == "view" || *v == "copy", InvalidArgument, "TORUS_SHARED_HOST_FORK='{}' must be view or copy",
+                *v);
+    s.fork_copy = *v == "copy";
+  }
+  return s;
 }
 
 }  // namespace
 
+bool is_known_env_variable(const std::string& name) {
+  return known_variables().count(name) != 0 || (name.size() > kTestPrefix.size() && name.rfind(kTestPrefix, 0) == 0);
+}
+
 EnvParams EnvParams::from_env() {
   EnvParams p;
-  if (auto v = env_string("TORUS_LOG_LEVEL")) p.log_level = parse_log_level(*v);
+  if (auto v = env_string("TORUS_LOG_LEVEL")) {
+    try {
+      p.log_level = parse_log_level(*v);
+    } catch (const InvalidArgument& e) {
+      throw InvalidArgument(fmt::format("TORUS_LOG_LEVEL: {}", e.what()));
+    }
+  }
   if (auto v = env_int("TORUS_TIMEOUT_MS")) {
     TORUS_CHECK(*v > 0, InvalidArgument, "TORUS_TIMEOUT_MS={} must be > 0", *v);
     p.timeout = std::chrono::milliseconds(*v);
@@ -107,39 +190,61 @@ EnvParams EnvParams::from_env() {
   } else if (auto t = env_string("TMPDIR"); t && t->front() == '/') {
     p.runtime_dir = *t;
   }
-  if (auto v = env_string("TORUS_OFI_PROVIDER")) {
-    p.ofi_provider = *v;
-  } else if (auto f = env_string("FI_PROVIDER")) {
-    p.ofi_provider = *f;
-  }
+  p.ofi = ofi_from_env();
+  p.shared_host = shared_host_from_env();
   for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
     if (std::strncmp(*e, "TORUS_", 6) != 0) continue;
     const char* eq = std::strchr(*e, '=');
     std::string name = eq ? std::string(*e, static_cast<size_t>(eq - *e)) : std::string(*e);
-    if (!known_variables().count(name)) p.unknown.push_back(name);
+    if (!is_known_env_variable(name)) p.unknown.push_back(name);
   }
   return p;
 }
 
 std::vector<std::pair<std::string, std::string>> EnvParams::describe() const {
-  auto opt = [](const std::optional<int>& v) { return v ? std::to_string(*v) : std::string("(unset)"); };
+  auto opt = [](const auto& v) { return v ? fmt::format("{}", *v) : std::string("(default)"); };
+  auto unset = [](const std::optional<int>& v) { return v ? std::to_string(*v) : std::string("(unset)"); };
   auto str = [](const std::string& s) { return s.empty() ? std::string("(unset)") : s; };
+  auto flag = [](const std::optional<bool>& v) { return v ? std::string(*v ? "1" : "0") : std::string("(default)"); };
+  const char* alloc = shared_host.alloc == SharedHostAllocPolicy::kOn    ? "on"
+                      : shared_host.alloc == SharedHostAllocPolicy::kOff ? "off"
+                                                                          : "auto";
   return {
       {"TORUS_LOG_LEVEL", std::string(log_level_name(log_level))},
       {"TORUS_TIMEOUT_MS", std::to_string(timeout.count())},
       {"TORUS_DEBUG_COLLECTIVES", debug_collectives ? "1" : "0"},
       {"TORUS_BACKEND", str(host_backend)},
-      {"TORUS_RANK", opt(rank)},
-      {"TORUS_WORLD_SIZE", opt(world_size)},
-      {"TORUS_LOCAL_RANK", opt(local_rank)},
-      {"TORUS_LOCAL_SIZE", opt(local_size)},
+      {"TORUS_RANK", unset(rank)},
+      {"TORUS_WORLD_SIZE", unset(world_size)},
+      {"TORUS_LOCAL_RANK", unset(local_rank)},
+      {"TORUS_LOCAL_SIZE", unset(local_size)},
       {"TORUS_MASTER_ADDR", str(master_addr)},
-      {"TORUS_MASTER_PORT", opt(master_port)},
+      {"TORUS_MASTER_PORT", unset(master_port)},
       {"TORUS_SOCKET_IFNAME", str(socket_ifname)},
       {"TORUS_JOB_TOKEN", job_token.empty() ? "(unset)" : "(set, redacted)"},
       {"TORUS_STORE_TIMEOUT_MS", std::to_string(store_timeout.count())},
       {"TORUS_RUNTIME_DIR", runtime_dir},
-      {"TORUS_OFI_PROVIDER", str(ofi_provider)},
+      {"TORUS_OFI_PROVIDER", str(ofi.provider)},
+      {"TORUS_OFI_HOST_SHM", flag(ofi.host_shm)},
+      {"TORUS_OFI_SHM_CHUNK_BYTES", opt(ofi.shm_chunk_bytes)},
+      {"TORUS_OFI_SHM_STAGE_BYTES", opt(ofi.shm_stage_bytes)},
+      {"TORUS_OFI_SHM_DEPTH", opt(ofi.shm_depth)},
+      {"TORUS_OFI_SHM_EAGER_BYTES", opt(ofi.shm_eager_bytes)},
+      {"TORUS_OFI_SHM_NT_BYTES", opt(ofi.shm_nt_bytes)},
+      {"TORUS_OFI_SHM_ZERO_COPY_BYTES", opt(ofi.shm_zero_copy_bytes)},
+      {"TORUS_OFI_INLINE_SPIN_US", opt(ofi.inline_spin_us)},
+      {"TORUS_OFI_INLINE_MAX_BYTES", opt(ofi.inline_max_bytes)},
+      {"TORUS_OFI_OVERSUBSCRIBED", flag(ofi.oversubscribed)},
+      {"TORUS_OFI_RD_MAX_BYTES", opt(ofi.rd_max_bytes)},
+      {"TORUS_OFI_TREE_MAX_BYTES", opt(ofi.tree_max_bytes)},
+      {"TORUS_OFI_CHUNK_BYTES", opt(ofi.chunk_bytes)},
+      {"TORUS_OFI_WINDOW", opt(ofi.window)},
+      {"TORUS_OFI_REGISTER_LOCAL", flag(ofi.register_local)},
+      {"TORUS_SHARED_HOST_ALLOC", alloc},
+      {"TORUS_SHARED_HOST_ALLOC_MIN_BYTES", opt(shared_host.alloc_min_bytes)},
+      {"TORUS_SHARED_HOST_SLAB_BYTES", opt(shared_host.slab_bytes)},
+      {"TORUS_SHARED_HOST_CACHE_BYTES", opt(shared_host.cache_bytes)},
+      {"TORUS_SHARED_HOST_FORK", shared_host.fork_copy ? "copy" : "view"},
   };
 }
 

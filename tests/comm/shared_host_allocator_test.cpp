@@ -80,21 +80,30 @@ TEST(SharedHostAllocator, RawInterfaceFreesBothKinds) {
   EXPECT_EQ(c10::GetCPUAllocator(), a);
 }
 
+// The variables are parsed by EnvParams (src/core/params.cpp); the options
+// structs take them from there.
 TEST(SharedHostAllocator, PolicyVariableIsParsedStrictly) {
   ::unsetenv("TORUS_SHARED_HOST_ALLOC");
-  EXPECT_EQ(shared_host_alloc_policy_from_env(), SharedHostAllocPolicy::kAuto);
+  EXPECT_EQ(EnvParams::from_env().shared_host.alloc, SharedHostAllocPolicy::kAuto);
   ::setenv("TORUS_SHARED_HOST_ALLOC", "off", 1);
-  EXPECT_EQ(shared_host_alloc_policy_from_env(), SharedHostAllocPolicy::kOff);
+  EXPECT_EQ(EnvParams::from_env().shared_host.alloc, SharedHostAllocPolicy::kOff);
   ::setenv("TORUS_SHARED_HOST_ALLOC", "on", 1);
-  EXPECT_EQ(shared_host_alloc_policy_from_env(), SharedHostAllocPolicy::kOn);
+  EXPECT_EQ(EnvParams::from_env().shared_host.alloc, SharedHostAllocPolicy::kOn);
   ::setenv("TORUS_SHARED_HOST_ALLOC", "yes please", 1);
-  EXPECT_THROW(shared_host_alloc_policy_from_env(), InvalidArgument);
+  EXPECT_THROW(EnvParams::from_env(), InvalidArgument);
   ::unsetenv("TORUS_SHARED_HOST_ALLOC");
   ::setenv("TORUS_SHARED_HOST_SLAB_BYTES", "4096", 1);
-  EXPECT_THROW(SharedHostPoolOptions::from_env(), InvalidArgument);
+  EXPECT_THROW(SharedHostPoolOptions::from_params(EnvParams::from_env()), InvalidArgument);
+  ::setenv("TORUS_SHARED_HOST_SLAB_BYTES", "8388608", 1);
+  ::setenv("TORUS_SHARED_HOST_FORK", "copy", 1);
+  SharedHostPoolOptions pool = SharedHostPoolOptions::from_params(EnvParams::from_env());
+  EXPECT_EQ(pool.slab_bytes, size_t{8} << 20);
+  EXPECT_EQ(pool.cache_bytes, SharedHostPoolOptions{}.cache_bytes);
+  EXPECT_TRUE(pool.fork_copy);
   ::unsetenv("TORUS_SHARED_HOST_SLAB_BYTES");
+  ::unsetenv("TORUS_SHARED_HOST_FORK");
   ::setenv("TORUS_SHARED_HOST_ALLOC_MIN_BYTES", "0", 1);
-  EXPECT_THROW(SharedHostAllocatorOptions::from_env(), InvalidArgument);
+  EXPECT_THROW(SharedHostAllocatorOptions::from_params(EnvParams::from_env()), InvalidArgument);
   ::unsetenv("TORUS_SHARED_HOST_ALLOC_MIN_BYTES");
 }
 

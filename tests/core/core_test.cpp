@@ -1,14 +1,12 @@
-// Unit tests of core: dtypes, log levels, environment parameters, Work.
+// Unit tests of core: dtypes, log levels, Work (environment parameters: params_test.cpp).
 #include <gtest/gtest.h>
 
-#include <cstdlib>
 #include <thread>
 
 #include "torus/comm/work.h"
 #include "torus/core/dtype.h"
 #include "torus/core/error.h"
 #include "torus/core/logging.h"
-#include "torus/core/params.h"
 
 namespace torus {
 namespace {
@@ -35,61 +33,6 @@ TEST(Logging, ParsesLevels) {
   EXPECT_FALSE(log_enabled(LogLevel::kWarn));
   EXPECT_TRUE(log_enabled(LogLevel::kError));
   set_log_level(before);
-}
-
-class EnvGuard {
- public:
-  EnvGuard(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    ::setenv(name, value, 1);
-  }
-  ~EnvGuard() {
-    if (old_.empty()) {
-      ::unsetenv(name_);
-    } else {
-      ::setenv(name_, old_.c_str(), 1);
-    }
-  }
-
- private:
-  const char* name_;
-  std::string old_;
-};
-
-TEST(Params, ParsesAndValidatesEnvironment) {
-  EnvGuard a("TORUS_TIMEOUT_MS", "1500");
-  EnvGuard b("TORUS_DEBUG_COLLECTIVES", "yes");
-  EnvGuard c("TORUS_JOB_TOKEN", "secret-value");
-  EnvGuard d("TORUS_TIMEOUTMS", "5");  // a typo
-  EnvParams p = EnvParams::from_env();
-  EXPECT_EQ(p.timeout.count(), 1500);
-  EXPECT_TRUE(p.debug_collectives);
-  EXPECT_EQ(p.job_token, "secret-value");
-  ASSERT_EQ(p.unknown.size(), 1u);
-  EXPECT_EQ(p.unknown[0], "TORUS_TIMEOUTMS");
-  for (const auto& [name, value] : p.describe()) {
-    EXPECT_EQ(value.find("secret"), std::string::npos) << name << " leaks the token";
-  }
-}
-
-TEST(Params, RejectsBadValuesNamingTheVariable) {
-  {
-    EnvGuard a("TORUS_TIMEOUT_MS", "ten");
-    try {
-      EnvParams::from_env();
-      FAIL() << "expected InvalidArgument";
-    } catch (const InvalidArgument& e) {
-      EXPECT_NE(std::string(e.what()).find("TORUS_TIMEOUT_MS"), std::string::npos);
-    }
-  }
-  {
-    EnvGuard a("TORUS_TIMEOUT_MS", "-4");
-    EXPECT_THROW(EnvParams::from_env(), InvalidArgument);
-  }
-  {
-    EnvGuard a("TORUS_BACKEND", "carrier-pigeon");
-    EXPECT_THROW(EnvParams::from_env(), InvalidArgument);
-  }
 }
 
 TEST(Work, CompletionCallbacksAndErrors) {

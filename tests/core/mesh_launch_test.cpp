@@ -83,52 +83,84 @@ TEST(Launch, PrecedenceOfSources) {
                       {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
                       {"RANK", "9"},
                       {"WORLD_SIZE", "10"}});
-  LaunchInfo a = detect_launch(none, ompi);
+  LaunchInfo a = detect_launch(none, {}, ompi);
   EXPECT_EQ(a.source, "open-mpi");
   EXPECT_EQ(a.rank, 2);
   EXPECT_EQ(a.world_size, 4);
   EXPECT_EQ(a.local_size, 2);
   EXPECT_TRUE(a.launched_by_mpi);
 
-  auto torus_env = env_of({{"TORUS_RANK", "1"}, {"TORUS_WORLD_SIZE", "3"}, {"OMPI_COMM_WORLD_RANK", "0"},
-                           {"OMPI_COMM_WORLD_SIZE", "3"}});
-  EXPECT_EQ(detect_launch(none, torus_env).source, "torus-env");
-  EXPECT_EQ(detect_launch(none, torus_env).rank, 1);
+  // TORUS_* values come parsed (EnvParams) and outrank the launcher's.
+  EnvParams torus_env;
+  torus_env.rank = 1;
+  torus_env.world_size = 3;
+  auto ompi3 = env_of({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "3"},
+                       {"OMPI_COMM_WORLD_LOCAL_RANK", "0"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "3"}});
+  EXPECT_EQ(detect_launch(none, torus_env, ompi3).source, "torus-env");
+  EXPECT_EQ(detect_launch(none, torus_env, ompi3).rank, 1);
+  EXPECT_EQ(detect_launch(none, torus_env, ompi3).local_size, -1) << "the launcher's local size is not mixed in";
 
   InitOptions explicit_opts;
   explicit_opts.rank = 0;
   explicit_opts.world_size = 3;
-  EXPECT_EQ(detect_launch(explicit_opts, torus_env).source, "options");
+  EXPECT_EQ(detect_launch(explicit_opts, torus_env, ompi3).source, "options");
+
+  // TORUS_LOCAL_* override the launcher's local values; options override both.
+  EnvParams local_env;
+  local_env.local_rank = 1;
+  local_env.local_size = 4;
+  LaunchInfo l = detect_launch(none, local_env, ompi);
+  EXPECT_EQ(l.source, "open-mpi");
+  EXPECT_EQ(l.local_rank, 1);
+  EXPECT_EQ(l.local_size, 4);
+  InitOptions local_opts;
+  local_opts.local_size = 8;
+  EXPECT_EQ(detect_launch(local_opts, local_env, ompi).local_size, 8);
 
   auto torchrun = env_of({{"RANK", "3"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "2"},
                           {"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "29500"}});
-  LaunchInfo t = detect_launch(none, torchrun);
+  LaunchInfo t = detect_launch(none, {}, torchrun);
   EXPECT_EQ(t.source, "torchrun");
   EXPECT_EQ(t.master_addr, "10.0.0.1");
   EXPECT_EQ(t.master_port, 29500);
   EXPECT_EQ(t.local_rank, 1);
+  // The store address: TORUS_MASTER_* over MASTER_*.
+  EnvParams master_env;
+  master_env.master_addr = "10.0.0.9";
+  master_env.master_port = 4100;
+  LaunchInfo m = detect_launch(none, master_env, torchrun);
+  EXPECT_EQ(m.master_addr, "10.0.0.9");
+  EXPECT_EQ(m.master_port, 4100);
 
   // Slurm variables only count inside a step.
   auto slurm_alloc = env_of({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "8"}});
-  EXPECT_EQ(detect_launch(none, slurm_alloc).source, "single");
+  EXPECT_EQ(detect_launch(none, {}, slurm_alloc).source, "single");
   auto slurm_step = env_of({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "8"}, {"SLURM_STEP_ID", "0"},
                             {"MASTER_ADDR", "node1"}, {"MASTER_PORT", "4000"}});
-  EXPECT_EQ(detect_launch(none, slurm_step).source, "slurm");
-  EXPECT_EQ(detect_launch(none, slurm_step).rank, 5);
+  EXPECT_EQ(detect_launch(none, {}, slurm_step).source, "slurm");
+  EXPECT_EQ(detect_launch(none, {}, slurm_step).rank, 5);
 
-  EXPECT_EQ(detect_launch(none, env_of({})).source, "single");
+  EXPECT_EQ(detect_launch(none, {}, env_of({})).source, "single");
 }
 
 TEST(Launch, RejectsInconsistentInput) {
   InitOptions none;
-  EXPECT_THROW(detect_launch(none, env_of({{"RANK", "4"}, {"WORLD_SIZE", "4"}, {"MASTER_ADDR", "h"},
+  EXPECT_THROW(detect_launch(none, {}, env_of({{"RANK", "4"}, {"WORLD_SIZE", "4"}, {"MASTER_ADDR", "h"},
                                            {"MASTER_PORT", "1"}})),
                InvalidArgument);
-  EXPECT_THROW(detect_launch(none, env_of({{"RANK", "1"}})), InvalidArgument);
-  EXPECT_THROW(detect_launch(none, env_of({{"RANK", "x"}, {"WORLD_SIZE", "2"}})), InvalidArgument);
+  EXPECT_THROW(detect_launch(none, {}, env_of({{"RANK", "1"}})), InvalidArgument);
+  EnvParams half;
+  half.rank = 1;  // TORUS_RANK without TORUS_WORLD_SIZE
+  try {
+    detect_launch(none, half, env_of({}));
+    ADD_FAILURE() << "TORUS_RANK alone accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("TORUS_WORLD_SIZE"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(detect_launch(none, {}, env_of({{"RANK", "x"}, {"WORLD_SIZE", "2"}})), InvalidArgument);
   // A multi-rank torchrun-style job without a store address.
-  EXPECT_THROW(detect_launch(none, env_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}})), InvalidArgument);
-  EXPECT_THROW(detect_launch(none, env_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}})),
+  EXPECT_THROW(detect_launch(none, {}, env_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}})), InvalidArgument);
+  EXPECT_THROW(detect_launch(none, {}, env_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}})),
                InvalidArgument);
 }
 

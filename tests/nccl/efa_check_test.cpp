@@ -39,7 +39,7 @@ class EfaCheck : public ::testing::Test {
     EfaProbeInputs in;
     in.sysfs_root = (root_ / "class/infiniband").string();
     in.loaded_libraries = std::move(libs);
-    in.getenv = [env](const char* name) -> std::optional<std::string> {
+    in.lookup_env = [env](const char* name) -> std::optional<std::string> {
       auto it = env.find(name);
       if (it == env.end()) return std::nullopt;
       return it->second;

@@ -166,19 +166,44 @@ TEST(OfiOptions, StripeKeepsStagingWithinBudget) {
   EXPECT_EQ(o.stripe_bytes(4), 1024u);
 }
 
+// The variables are parsed by EnvParams (src/core/params.cpp; its own tests
+// are in tests/core); OfiOptions takes them from there.
 TEST(OfiOptions, BadValuesNameTheVariable) {
   ::setenv("TORUS_OFI_WINDOW", "0", 1);
   try {
-    (void)OfiOptions::from_env();
+    (void)OfiOptions::from_params(EnvParams::from_env());
     ADD_FAILURE() << "TORUS_OFI_WINDOW=0 accepted";
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("TORUS_OFI_WINDOW"), std::string::npos) << e.what();
   }
   ::unsetenv("TORUS_OFI_WINDOW");
   ::setenv("TORUS_OFI_HOST_SHM", "off", 1);
-  EXPECT_FALSE(OfiOptions::from_env().host_shm);
+  EXPECT_FALSE(OfiOptions::from_params(EnvParams::from_env()).host_shm);
   ::unsetenv("TORUS_OFI_HOST_SHM");
-  EXPECT_TRUE(OfiOptions::from_env().host_shm);
+  EXPECT_TRUE(OfiOptions::from_params(EnvParams::from_env()).host_shm);
+}
+
+TEST(OfiOptions, UnsetVariablesKeepTheDefaults) {
+  const OfiOptions defaults;
+  EnvParams p;
+  OfiOptions o = OfiOptions::from_params(p);
+  EXPECT_EQ(o.window, defaults.window);
+  EXPECT_EQ(o.inline_spin_us, defaults.inline_spin_us);
+  EXPECT_EQ(o.oversubscribed, -1);
+  p.ofi.provider = "tcp";
+  p.ofi.window = 7;
+  p.ofi.inline_spin_us = 0;
+  p.ofi.inline_max_bytes = 4096;
+  p.ofi.oversubscribed = true;
+  p.ofi.shm_zero_copy_bytes = 0;
+  o = OfiOptions::from_params(p);
+  EXPECT_EQ(o.provider, "tcp");
+  EXPECT_EQ(o.window, 7);
+  EXPECT_EQ(o.inline_spin_us, 0u);
+  EXPECT_EQ(o.inline_max_bytes, 4096u);
+  EXPECT_EQ(o.oversubscribed, 1);
+  EXPECT_EQ(o.shm_zero_copy_bytes, 0u);
+  EXPECT_EQ(o.chunk_bytes, defaults.chunk_bytes);
 }
 
 }  // namespace

@@ -41,6 +41,7 @@
 #include "torus/comm/backend.h"
 #include "torus/comm/store.h"
 #include "torus/comm/types.h"
+#include "torus/core/params.h"
 
 namespace torus::comm {
 
@@ -69,11 +70,15 @@ struct LaunchInfo {
   bool launched_by_mpi = false;
 };
 
-// Reads rank information following the precedence above from `getenv`
-// (injectable for tests). Throws InvalidArgument on inconsistent values
-// (rank >= world size, negative, half-specified pairs).
+// Finds rank information following the precedence above: `options`, then
+// the TORUS_* values in `params`, then the launcher's variables (Open MPI,
+// PMIx, Slurm, torchrun), looked up through `launcher_env` (injectable for
+// tests). Throws InvalidArgument on inconsistent values (rank >= world size,
+// negative, half-specified pairs).
 using GetEnv = std::function<std::optional<std::string>(const char*)>;
-LaunchInfo detect_launch(const InitOptions& options, const GetEnv& getenv);
+LaunchInfo detect_launch(const InitOptions& options, const EnvParams& params, const GetEnv& launcher_env);
+// This process: detect_launch(options, env_params(), env_lookup).
+LaunchInfo detect_launch(const InitOptions& options);
 
 // Which hosts the ranks are on, from a hostname exchange through the Store.
 struct HostMap {

@@ -38,6 +38,8 @@
 #include <cstdint>
 #include <optional>
 
+#include "torus/core/params.h"
+
 namespace torus::comm {
 
 // `bytes` (> 0) of zeroed shared host memory. Throws InvalidArgument for 0
@@ -79,7 +81,10 @@ struct SharedHostPoolOptions {
   // files (Note [Shared host memory across fork] in shared_host.cpp, and
   // the fork paragraph at the top). Applies to single allocations too.
   bool fork_copy = false;
-  static SharedHostPoolOptions from_env();  // the variables above; bad values throw InvalidArgument
+  // The defaults above, overridden by the variables `params` holds
+  // (EnvParams::shared_host, parsed and checked in src/core/params.cpp).
+  static SharedHostPoolOptions from_params(const EnvParams& params);
+  static SharedHostPoolOptions from_env();  // from_params(env_params()); bad values throw InvalidArgument
 };
 // Replaces the pool's options (existing slabs keep their size).
 void set_shared_host_pool_options(const SharedHostPoolOptions& options);
@@ -117,11 +122,12 @@ SharedHostPoolStats shared_host_pool_stats();
 struct SharedHostAllocatorOptions {
   size_t min_bytes = size_t{64} << 10;  // TORUS_SHARED_HOST_ALLOC_MIN_BYTES
   SharedHostPoolOptions pool;
-  static SharedHostAllocatorOptions from_env();
+  static SharedHostAllocatorOptions from_params(const EnvParams& params);
+  static SharedHostAllocatorOptions from_env();  // from_params(env_params())
 };
-enum class SharedHostAllocPolicy { kAuto, kOn, kOff };
-// TORUS_SHARED_HOST_ALLOC: "auto" (default), "on" or "off"; others throw InvalidArgument.
-SharedHostAllocPolicy shared_host_alloc_policy_from_env();
+// TORUS_SHARED_HOST_ALLOC: "auto" (default), "on" or "off", parsed into
+// EnvParams::shared_host.alloc.
+using SharedHostAllocPolicy = ::torus::SharedHostAllocPolicy;
 // Installs the allocator (options apply on the first call; later calls
 // change nothing) and returns whether it is now LibTorch's CPU allocator
 // (false when another allocator of higher priority holds the place).

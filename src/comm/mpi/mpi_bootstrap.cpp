@@ -2,12 +2,12 @@
 #include "comm/mpi/mpi_bootstrap.h"
 
 #include <cstdint>
-#include <cstdlib>
 #include <numeric>
 
 #include "comm/mpi/mpi_check.h"
 #include "comm/mpi/mpi_runtime.h"
 #include "core/log.h"
+#include "torus/core/params.h"
 
 namespace torus::comm {
 
@@ -16,7 +16,7 @@ constexpr uint64_t kMaxBootstrapBytes = uint64_t{64} << 20;
 }  // namespace
 
 bool mpi_launched() {
-  return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr;
+  return env_lookup("OMPI_COMM_WORLD_SIZE").has_value();  // a launcher variable (Note [One reader of the environment])
 }
 
 std::shared_ptr<void> mpi_runtime_hold() {

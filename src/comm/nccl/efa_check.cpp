@@ -6,11 +6,11 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
 #include <filesystem>
 #include <system_error>
 
 #include "core/log.h"
+#include "torus/core/params.h"
 
 namespace torus::comm::nccl {
 namespace {
@@ -83,9 +83,9 @@ EfaReport probe_efa(const EfaProbeInputs& in) {
     if (r.net_plugin.empty() && base.rfind("libnccl-net", 0) == 0) r.net_plugin = lib;
     if (r.libfabric.empty() && base.rfind("libfabric.so", 0) == 0) r.libfabric = lib;
   }
-  if (in.getenv) {
+  if (in.lookup_env) {
     for (const VariableRule& rule : kRules) {
-      std::optional<std::string> v = in.getenv(rule.name);
+      std::optional<std::string> v = in.lookup_env(rule.name);
       if (!v) continue;
       r.settings.push_back(std::string(rule.name) + "=" + *v);
       if (rule.advice != nullptr) r.advice.emplace_back(rule.advice);
@@ -129,11 +129,10 @@ void log_efa_check() {
   if (done.exchange(true)) return;
   EfaProbeInputs in;
   in.loaded_libraries = loaded_libraries();
-  in.getenv = [](const char* name) -> std::optional<std::string> {
-    const char* v = std::getenv(name);
-    if (v == nullptr) return std::nullopt;
-    return std::string(v);
-  };
+  // NCCL's and libfabric's own settings, reported as set (empty values
+  // included: RDMAV_FORK_SAFE counts when merely set), so they go through
+  // env_lookup rather than being parsed into EnvParams.
+  in.lookup_env = env_lookup;
   EfaVerdict v = judge_efa(probe_efa(in));
   TORUS_LOG_AT(v.level, "{}", v.message);
 }

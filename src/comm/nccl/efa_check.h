@@ -26,7 +26,7 @@ namespace torus::comm::nccl {
 struct EfaProbeInputs {
   std::string sysfs_root = "/sys/class/infiniband";
   std::vector<std::string> loaded_libraries;  // paths of the shared objects in this process
-  std::function<std::optional<std::string>(const char*)> getenv;
+  std::function<std::optional<std::string>(const char*)> lookup_env;  // the process: env_lookup
 };
 
 struct EfaReport {

@@ -1,43 +1,35 @@
-// The one place where the ofi backend reads its environment variables.
+// The ofi backend's tunables, taken from the parsed environment (torus/core/params.h).
 #include "comm/ofi/ofi_options.h"
 
 #include <algorithm>
 
-#include "core/log.h"
 #include "torus/core/params.h"
 
 namespace torus::comm::ofi {
-namespace {
 
-size_t env_bytes(const char* name, size_t fallback, size_t min_value) {
-  auto v = env_int(name);
-  if (!v) return fallback;
-  TORUS_CHECK(*v >= static_cast<int64_t>(min_value), InvalidArgument, "{}={} must be >= {}", name, *v, min_value);
-  return static_cast<size_t>(*v);
-}
-
-}  // namespace
-
-OfiOptions OfiOptions::from_env() {
+OfiOptions OfiOptions::from_params(const EnvParams& params) {
+  const EnvParams::Ofi& e = params.ofi;
   OfiOptions o;
-  o.provider = env_params().ofi_provider;
-  if (auto v = env_bool("TORUS_OFI_HOST_SHM")) o.host_shm = *v;
-  o.shm_chunk_bytes = env_bytes("TORUS_OFI_SHM_CHUNK_BYTES", o.shm_chunk_bytes, 64);
-  o.shm_stage_bytes = env_bytes("TORUS_OFI_SHM_STAGE_BYTES", o.shm_stage_bytes, 4096);
-  o.shm_depth = static_cast<int>(env_bytes("TORUS_OFI_SHM_DEPTH", o.shm_depth, 2));
-  o.shm_eager_bytes = env_bytes("TORUS_OFI_SHM_EAGER_BYTES", o.shm_eager_bytes, 0);
-  o.shm_nt_bytes = env_bytes("TORUS_OFI_SHM_NT_BYTES", o.shm_nt_bytes, 0);
-  o.shm_zero_copy_bytes = env_bytes("TORUS_OFI_SHM_ZERO_COPY_BYTES", o.shm_zero_copy_bytes, 0);
-  o.inline_spin_us = env_bytes("TORUS_OFI_INLINE_SPIN_US", o.inline_spin_us, 0);
-  o.inline_max_bytes = env_bytes("TORUS_OFI_INLINE_MAX_BYTES", o.inline_max_bytes, 0);
-  if (auto v = env_bool("TORUS_OFI_OVERSUBSCRIBED")) o.oversubscribed = *v ? 1 : 0;
-  o.rd_max_bytes = env_bytes("TORUS_OFI_RD_MAX_BYTES", o.rd_max_bytes, 0);
-  o.tree_max_bytes = env_bytes("TORUS_OFI_TREE_MAX_BYTES", o.tree_max_bytes, 0);
-  o.chunk_bytes = env_bytes("TORUS_OFI_CHUNK_BYTES", o.chunk_bytes, 64);
-  o.window = static_cast<int>(env_bytes("TORUS_OFI_WINDOW", o.window, 1));
-  if (auto v = env_bool("TORUS_OFI_REGISTER_LOCAL")) o.register_local = *v;
+  o.provider = e.provider;
+  o.host_shm = e.host_shm.value_or(o.host_shm);
+  o.shm_chunk_bytes = e.shm_chunk_bytes.value_or(o.shm_chunk_bytes);
+  o.shm_stage_bytes = e.shm_stage_bytes.value_or(o.shm_stage_bytes);
+  o.shm_depth = e.shm_depth.value_or(o.shm_depth);
+  o.shm_eager_bytes = e.shm_eager_bytes.value_or(o.shm_eager_bytes);
+  o.shm_nt_bytes = e.shm_nt_bytes.value_or(o.shm_nt_bytes);
+  o.shm_zero_copy_bytes = e.shm_zero_copy_bytes.value_or(o.shm_zero_copy_bytes);
+  o.inline_spin_us = e.inline_spin_us.value_or(o.inline_spin_us);
+  o.inline_max_bytes = e.inline_max_bytes.value_or(o.inline_max_bytes);
+  if (e.oversubscribed) o.oversubscribed = *e.oversubscribed ? 1 : 0;
+  o.rd_max_bytes = e.rd_max_bytes.value_or(o.rd_max_bytes);
+  o.tree_max_bytes = e.tree_max_bytes.value_or(o.tree_max_bytes);
+  o.chunk_bytes = e.chunk_bytes.value_or(o.chunk_bytes);
+  o.window = e.window.value_or(o.window);
+  o.register_local = e.register_local.value_or(o.register_local);
   return o;
 }
+
+OfiOptions OfiOptions::from_env() { return from_params(env_params()); }
 
 size_t OfiOptions::stripe_bytes(int local_size) const {
   if (shm_chunk_bytes > 0) return (shm_chunk_bytes + 63) / 64 * 64;  // keep stripes cache-line aligned

@@ -1,9 +1,12 @@
-// Private: the tunables of the ofi backend, one value type, read from the
-// environment in exactly one place (ofi_options.cpp). docs/ofi.md lists them.
+// Private: the tunables of the ofi backend, one value type. The environment
+// overrides them through EnvParams::ofi, parsed and range-checked in
+// src/core/params.cpp; docs/ofi.md lists them.
 #pragma once
 
 #include <cstddef>
 #include <string>
+
+#include "torus/core/params.h"
 
 namespace torus::comm::ofi {
 
@@ -65,7 +68,9 @@ struct OfiOptions {
   // it (exercises the FI_MR_LOCAL path on providers that do not need it).
   bool register_local = false;                 // TORUS_OFI_REGISTER_LOCAL
 
-  // Reads the variables above; throws InvalidArgument naming a bad one.
+  // The defaults above, overridden by the variables that `params` holds.
+  static OfiOptions from_params(const EnvParams& params);
+  // from_params(env_params()); throws InvalidArgument naming a bad variable.
   static OfiOptions from_env();
 
   // The stripe for a segment of `local_size` ranks (see shm_chunk_bytes).
