@@ -11,7 +11,7 @@
 // global-norm clipping rescales it too. So the optimizer here is configured
 // to be linear in the gradient: eps = 1 >> |g| (gradients are ~1e-2), no
 // clipping, no weight decay. The update is then lr g / (1 + |g|) ~ lr g, and
-// a relative gradient error d moves a weight by ~ lr |g| d; with lr = 0.3
+// a relative gradient error d moves a weight by ~ lr |g| d; with lr = 0.05
 // that is >= 1e-3 d of the weights' scale, and the step's gradient norm
 // (StepStats::grad_norm, before any update) is compared directly as well.
 // In a pipeline the replay matters beyond the masks: several micro-batches'
@@ -62,13 +62,14 @@ Trained train_with(const Policy& policy, const train::ParallelLayout& layout) {
   config.attention_dropout = 0.1;
   config.recompute = policy;
   train::OptimizerConfig optim;
-  optim.lr = 0.3;
+  optim.lr = 0.05;
   optim.eps = 1.0;
   optim.weight_decay = 0;
   optim.grad_clip = 0;
   train::GPTTrainer trainer(world(), config, layout, optim);
   Trained out;
-  const auto before = trainer.gather_local_parameters();
+  std::map<std::string, at::Tensor> before;  // copies: without TP the gathered tensors alias the parameters
+  for (const auto& [name, w] : trainer.gather_local_parameters()) before[name] = w.detach().clone();
   for (int step = 0; step < kSteps; ++step) {
     at::Tensor data = testing::same_tokens({kBatch, config.max_seq_len + 1}, config.vocab_size, 500 + step);
     const train::StepStats st = trainer.train_step(data);
