@@ -12,6 +12,7 @@
 #include <ATen/Functions.h>
 #include <ATen/TensorOperators.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
 #include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
@@ -21,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "device/gpu_test_util.h"
 #include "parallel/parallel_test_util.h"
 #include "torus/models/gpt.h"
 #include "torus/parallel/backward_callback.h"
@@ -396,6 +398,56 @@ TEST(RecomputeGPT, EvaluationIsUnchanged) {
   rec.eval();
   at::NoGradGuard no_grad;
   EXPECT_TRUE(plain.loss(x, y).equal(rec.loss(x, y)));
+}
+
+// ---- CUDA (skips without a GPU) ----------------------------------------------------
+
+// On CUDA the default generator restored is the device's; the GPT's masks
+// come from its CUDA RngTracker streams. Tolerance 1e-5: CUDA's embedding
+// backward adds with atomics, in no fixed order.
+TEST(RecomputeCuda, GeneratorsAndGPTOnTheDevice) {
+  TORUS_REQUIRE_ACCELERATOR();
+  const c10::Device dev(c10::kCUDA, 0);
+  at::Tensor w = testing::same_randn({6, 5}, 3).to(dev).requires_grad_(true);
+  auto fn = [&](const at::Tensor& x) { return at::tanh(at::matmul(x, w.t())) * at::rand_like(x.narrow(1, 0, 1)); };
+  at::Tensor x0 = testing::same_randn({4, 5}, 1).to(dev);
+  at::Generator cuda_gen = at::globalContext().defaultGenerator(dev);
+  const at::Tensor start = cuda_gen.get_state();
+  at::Tensor xa = x0.clone().requires_grad_(true);
+  at::Tensor ya = fn(xa);
+  ya.sum().backward();
+  const at::Tensor ga = w.grad().clone(), next_a = at::rand({3}, at::TensorOptions().device(dev));
+  w.mutable_grad() = at::Tensor();
+  cuda_gen.set_state(start);
+  at::Tensor xb = x0.clone().requires_grad_(true);
+  at::Tensor yb = run(fn, xb);
+  const at::Tensor mid = cuda_gen.get_state();
+  yb.sum().backward();
+  EXPECT_TRUE(same_state(cuda_gen.get_state(), mid)) << "the CUDA generator was not put back after the replay";
+  EXPECT_TRUE(ya.equal(yb));
+  EXPECT_TRUE(next_a.equal(at::rand({3}, at::TensorOptions().device(dev))));
+  EXPECT_LE(rel_diff(w.grad(), ga), 1e-6);
+  EXPECT_LE(rel_diff(xb.grad(), xa.grad()), 1e-6);
+
+  models::GPTConfig config = dropout_config(at::kFloat);
+  config.device = dev;
+  auto step = [&](const Policy& policy) {
+    models::GPTConfig c = config;
+    c.recompute = policy;
+    models::GPT model(c);
+    model.train();
+    const int64_t s = c.max_seq_len;
+    at::Tensor data = testing::same_tokens({3, s + 1}, c.vocab_size, 21).to(dev);
+    model.loss(data.narrow(1, 0, s).contiguous(), data.narrow(1, 1, s).contiguous()).backward();
+    std::map<std::string, at::Tensor> g;
+    for (const auto& item : model.named_parameters()) g[item.key()] = item.value().grad().cpu();
+    return g;
+  };
+  const auto ref = step(Policy::none());
+  for (const Policy& policy : {Policy::full(), Policy::every(2), Policy::selective()}) {
+    const auto got = step(policy);
+    for (const auto& [name, g] : ref) EXPECT_LE(rel_diff(got.at(name), g), 1e-5) << policy.name() << " " << name;
+  }
 }
 
 }  // namespace
