@@ -46,8 +46,12 @@
 //    inside fn still get gradients.
 //  * Not thread safe with other users of the same RngTrackers or generators
 //    while a replay runs (neither are the trackers themselves).
-//  * Errors: InvalidArgument for undefined inputs or a null tracker; anything
-//    fn throws propagates (from backward() for the replay).
+//  * Errors: InvalidArgument for an empty fn, no or undefined inputs, a null
+//    tracker; anything fn throws propagates (from backward() for the replay).
+//  * Under CUDA the engine runs the node on the device's autograd thread;
+//    the replay restores the modes on that thread (thread-local modes of the
+//    thread that called backward() are not visible there, see Note [Inner
+//    backward] for the callbacks).
 #pragma once
 
 #include <ATen/core/Tensor.h>
