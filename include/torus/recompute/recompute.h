@@ -48,10 +48,11 @@
 //    while a replay runs (neither are the trackers themselves).
 //  * Errors: InvalidArgument for an empty fn, no or undefined inputs, a null
 //    tracker; anything fn throws propagates (from backward() for the replay).
-//  * Under CUDA the engine runs the node on the device's autograd thread;
-//    the replay restores the modes on that thread (thread-local modes of the
-//    thread that called backward() are not visible there, see Note [Inner
-//    backward] for the callbacks).
+//  * With CUDA tensors the engine runs this node and its inner backward on
+//    the device's autograd thread: the captured modes are restored there,
+//    but a WeightGradStoreGuard installed on the thread that called
+//    backward() is not visible to it — as for every deferring linear run by
+//    that thread, the weight gradient is then accumulated at once.
 #pragma once
 
 #include <ATen/core/Tensor.h>
