@@ -58,6 +58,7 @@ void GPTConfig::validate(int tp_size) const {
   TORUS_CHECK(dropout >= 0 && dropout < 1 && attention_dropout >= 0 && attention_dropout < 1, InvalidArgument,
               "GPT: dropout {} and attention_dropout {} must be in [0, 1)", dropout, attention_dropout);
   TORUS_CHECK(at::isFloatingType(dtype), InvalidArgument, "GPT: dtype {} is not floating point", c10::toString(dtype));
+  recompute.validate();
 }
 
 void GPTConfig::validate_sequence(int64_t seq_len, int tp_size) const {
@@ -185,24 +186,35 @@ at::Tensor GPTBlock::attention(const at::Tensor& x) {
   at::Tensor k = qkv.select(3, 1).permute({1, 2, 0, 3});
   at::Tensor v = (qkv.select(3, 2) + qv_bias_.select(1, 1)).permute({1, 2, 0, 3});
   at::Tensor ctx;
-  if (config_.attention_dropout == 0.0 || !is_training()) {
-    ctx = at::scaled_dot_product_attention(q, k, v, std::nullopt, 0.0, /*is_causal=*/true);
+  if (config_.recompute.recompute_attention_core()) {
+    // Selective recompute: keep q, k, v; replay the s x s part in backward.
+    ctx = recompute::run([this](const std::vector<at::Tensor>& in) { return attention_core(in[0], in[1], in[2]); },
+                         {q, k, v}, {.rng_trackers = {rng_}});
   } else {
-    // Explicit path: the probabilities are sharded by head, so their dropout
-    // draws from the per-rank stream (Note [Dropout RNG rule]).
-    // Note [Attention softmax in fp32]: half-precision scores are upcast
-    // before the scaling and the softmax (a row of s exponentials), and the
-    // probabilities rounded back for the product with V. The fused kernel
-    // above does the same inside (its softmax accumulates in fp32).
-    const auto acc = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-    at::Tensor scores = at::matmul(q, k.transpose(-2, -1)).to(acc).mul_(1.0 / std::sqrt(static_cast<double>(hd)));
-    at::Tensor causal = at::ones({s, s}, at::TensorOptions().dtype(at::kBool).device(x.device())).triu_(1);
-    at::Tensor probs = at::softmax(scores.masked_fill(causal, -std::numeric_limits<double>::infinity()), -1, acc);
-    probs = tp::dropout(probs, config_.attention_dropout, true, rng_->generator(RngRegion::kSharded));
-    ctx = at::matmul(probs.to(v.scalar_type()), v);
+    ctx = attention_core(q, k, v);
   }
   ctx = ctx.permute({2, 0, 1, 3}).reshape({s, b, local_heads_ * hd});
   return proj_->forward(ctx);  // [s, b, h] (reduce-scattered to [s/tp, b, h] under SP)
+}
+
+at::Tensor GPTBlock::attention_core(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  if (config_.attention_dropout == 0.0 || !is_training()) {
+    return at::scaled_dot_product_attention(q, k, v, std::nullopt, 0.0, /*is_causal=*/true);
+  }
+  // Explicit path: the probabilities are sharded by head, so their dropout
+  // draws from the per-rank stream (Note [Dropout RNG rule]).
+  // Note [Attention softmax in fp32]: half-precision scores are upcast
+  // before the scaling and the softmax (a row of s exponentials), and the
+  // probabilities rounded back for the product with V. The fused kernel
+  // above does the same inside (its softmax accumulates in fp32).
+  const int64_t s = q.size(2);
+  const auto acc = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  at::Tensor scores =
+      at::matmul(q, k.transpose(-2, -1)).to(acc).mul_(1.0 / std::sqrt(static_cast<double>(q.size(3))));
+  at::Tensor causal = at::ones({s, s}, at::TensorOptions().dtype(at::kBool).device(q.device())).triu_(1);
+  at::Tensor probs = at::softmax(scores.masked_fill(causal, -std::numeric_limits<double>::infinity()), -1, acc);
+  probs = tp::dropout(probs, config_.attention_dropout, true, rng_->generator(RngRegion::kSharded));
+  return at::matmul(probs.to(v.scalar_type()), v);
 }
 
 at::Tensor GPTBlock::forward(const at::Tensor& hidden) {
@@ -295,7 +307,16 @@ GPT::GPT(const GPTConfig& config, const parallel::ParallelGroups& groups, const 
 
 at::Tensor GPT::forward(const at::Tensor& input) {
   at::Tensor x = embedding_ ? embedding_->forward(input) : input;
-  for (auto& block : blocks_) x = block->forward(x);
+  for (size_t i = 0; i < blocks_.size(); ++i) {
+    const std::shared_ptr<GPTBlock>& block = blocks_[i];
+    if (config_.recompute.recompute_block(part_.first_layer + static_cast<int64_t>(i))) {
+      // Keep only the block's input; its forward runs again in backward with
+      // the same dropout masks (Note [Recompute replay]).
+      x = recompute::run([block](const at::Tensor& h) { return block->forward(h); }, x, {.rng_trackers = {rng_}});
+    } else {
+      x = block->forward(x);
+    }
+  }
   return head_ ? head_->forward(x) : x;
 }
 

@@ -67,7 +67,7 @@ fi
 grep -E "Torus .* configuration|TORUS_WITH_(CUDA|NCCL)|LibTorch" "$build/gpu-configure.log" || true
 
 targets=(torus_device_tests torus_kernel_ref_tests torus_cuda_kernel_tests torus_kernel_bandwidth
-         torus_nccl_policy_tests torus_nccl_tests torus_nccl_fault_tests)
+         torus_nccl_policy_tests torus_nccl_tests torus_nccl_fault_tests torus_recompute_tests)
 step "build"
 if ! timeout 300 cmake --build "$build" -j "$jobs" --target "${targets[@]}" >"$build/gpu-build.log" 2>&1; then
   grep -E "error|Error" "$build/gpu-build.log" | head -n 40
@@ -85,6 +85,7 @@ run "nccl watchdog and EFA check"    60 "$bin/torus_nccl_policy_tests"
 run "nccl backend ($(nvidia-smi -L | wc -l) rank(s))" 240 "$bin/torus_nccl_tests"
 run "nccl fault: missing peer"       90 "$bin/torus_nccl_fault_tests" --gtest_filter=NcclFault.MissingPeerTimesOutInit
 run "nccl fault: stalled op"         90 "$bin/torus_nccl_fault_tests" --gtest_filter=NcclFault.StalledOpTimesOutAndAborts
+run "recompute on CUDA"             120 "$bin/torus_recompute_tests" --gtest_filter='RecomputeCuda.*'
 run "kernel bandwidth"              120 "$bin/torus_kernel_bandwidth"
 
 step "summary"

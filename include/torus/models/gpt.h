@@ -47,6 +47,7 @@
 #include "torus/parallel/groups.h"
 #include "torus/parallel/tensor/layers.h"
 #include "torus/parallel/tensor/random.h"
+#include "torus/recompute/recompute.h"
 
 namespace torus::models {
 
@@ -70,13 +71,18 @@ struct GPTConfig {
   // rounded). LayerNorm, attention softmax and the loss compute in fp32.
   c10::ScalarType dtype = at::kFloat;
   c10::Device device = c10::Device(c10::kCPU);
+  // Activations recomputed in backward (docs/recompute.md): full and every:K
+  // wrap whole blocks (by global layer index), selective each block's
+  // attention core. Only when gradients are recorded; results are the same.
+  recompute::Policy recompute;
 
   int64_t ffn() const { return ffn_hidden > 0 ? ffn_hidden : 4 * hidden; }
   int64_t head_dim() const { return hidden / num_heads; }
 
   // Throws InvalidArgument naming the problem: sizes < 1, hidden not
   // divisible by num_heads, num_heads or ffn not divisible by tp_size,
-  // dropout outside [0, 1). Pure: no communication.
+  // dropout outside [0, 1), a malformed recompute policy. Pure: no
+  // communication.
   void validate(int tp_size) const;
   // Throws InvalidArgument unless an input of `seq_len` fits: seq_len <=
   // max_seq_len and, under sequence parallelism, divisible by tp_size.
@@ -148,6 +154,11 @@ class GPTBlock : public torch::nn::Module, public tp::ShardedModule {
 
  private:
   at::Tensor attention(const at::Tensor& x);
+  // softmax(q k^T / sqrt(d) + causal mask), attention dropout, times v:
+  // q, k, v [b, local heads, s, head_dim] -> [b, local heads, s, head_dim].
+  // Selective recompute replays exactly this (it holds `this`: the block
+  // must outlive the backward of its forwards).
+  at::Tensor attention_core(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
 
   GPTConfig config_;
   comm::ProcessGroupPtr tp_;

@@ -4,7 +4,7 @@
 #include "torus/parallel/data/ddp.h"
 
 #include <ATen/Functions.h>
-#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 #include <torch/nn/module.h>
@@ -13,6 +13,7 @@
 #include <tuple>
 
 #include "core/log.h"
+#include "torus/parallel/backward_callback.h"
 
 namespace torus::dp {
 namespace {
@@ -205,9 +206,12 @@ void DistributedDataParallel::on_grad_ready(size_t index) {
   iteration_active_ = true;
   --b.pending;
   if (options_.finish_in_backward && !callback_queued_) {
-    // Runs on the engine once backward is over: waits for (and starts) every bucket.
+    // Runs on the engine once backward is over: waits for (and starts) every
+    // bucket. Queued on the outermost backward: a hook that fires inside a
+    // recompute's inner backward must not finish the buckets when that inner
+    // pass ends (Note [Inner backward], backward_callback.h).
     callback_queued_ = true;
-    torch::autograd::Engine::get_default_engine().queue_callback([this] { finish_grad_sync(); });
+    parallel::queue_after_backward([this] { finish_grad_sync(); });
   }
   if (options_.overlap) start_ready_buckets_locked();
 }

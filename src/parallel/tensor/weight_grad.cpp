@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "core/log.h"
+#include "torus/parallel/backward_callback.h"
 
 namespace torus::tp {
 namespace {
@@ -68,6 +69,8 @@ struct DeferredLinear : torch::autograd::Function<DeferredLinear> {
         params.push_back(bias);
         gs.push_back(db);
       }
+      // A backward inside this node's backward (Note [Inner backward]).
+      parallel::InnerBackwardScope inner;
       accumulate(params, gs);
     }
     return {dx, at::Tensor()};

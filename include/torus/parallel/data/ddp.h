@@ -14,7 +14,10 @@
 // is complete its all-reduce starts at once (buckets start in bucket order on
 // every rank), overlapping communication with the rest of backward. At the end
 // of backward (finish_in_backward) or at finish_grad_sync() every bucket is
-// waited for and scaled, so the optimizer step sees reduced gradients.
+// waited for and scaled, so the optimizer step sees reduced gradients. "The
+// end of backward" is the outermost backward's: a hook that fires inside an
+// inner backward (activation recompute's replay) queues the finish on the
+// outer one (parallel::queue_after_backward, Note [Inner backward]).
 //
 // Which group reduces which gradient:
 //  * ordinary parameters: over `groups.dp` (average or sum);
