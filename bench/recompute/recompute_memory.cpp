@@ -40,6 +40,7 @@
 #include <string>
 #include <vector>
 
+#include "common/live_bytes.h"
 #include "torus/comm/device_mesh.h"
 #include "torus/core/host_allocator.h"
 #include "torus/models/gpt.h"
@@ -50,47 +51,7 @@ namespace {
 using namespace torus;
 using Clock = std::chrono::steady_clock;
 
-// ---- counting allocator -----------------------------------------------------
-
-class CountingAllocator final : public c10::Allocator {
- public:
-  explicit CountingAllocator(c10::Allocator* base) : base_(base) {}
-
-  c10::DataPtr allocate(size_t n) override {
-    c10::DataPtr inner = base_->allocate(n);
-    const int64_t now = live_.fetch_add(static_cast<int64_t>(n)) + static_cast<int64_t>(n);
-    int64_t peak = peak_.load();
-    while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
-    }
-    void* data = inner.get();
-    const c10::Device device = inner.device();
-    auto* ctx = new Block{std::move(inner), n, this};
-    return {data, ctx, &CountingAllocator::release, device};
-  }
-  void copy_data(void* dest, const void* src, std::size_t count) const override { std::memcpy(dest, src, count); }
-
-  int64_t live() const { return live_.load(); }
-  int64_t peak() const { return peak_.load(); }
-  void reset_peak() { peak_.store(live_.load()); }
-
- private:
-  struct Block {
-    c10::DataPtr inner;
-    size_t bytes;
-    CountingAllocator* owner;
-  };
-  static void release(void* p) {
-    auto* b = static_cast<Block*>(p);
-    b->owner->live_.fetch_sub(static_cast<int64_t>(b->bytes));
-    delete b;  // frees through the wrapped allocator's deleter
-  }
-
-  c10::Allocator* base_;
-  std::atomic<int64_t> live_{0};
-  std::atomic<int64_t> peak_{0};
-};
-
-CountingAllocator* g_counter = nullptr;
+bench::LiveBytesAllocator* g_counter = nullptr;
 
 // ---- options --------------------------------------------------------------------
 
@@ -245,9 +206,7 @@ int main(int argc, char** argv) {
   const Options o = parse(argc, argv);
   torus::retain_freed_host_memory();  // step times without the page faults of fresh mappings
   at::set_num_threads(o.threads);
-  static CountingAllocator counter(c10::GetCPUAllocator());
-  g_counter = &counter;
-  c10::SetCPUAllocator(&counter, /*priority=*/100);
+  g_counter = &bench::install_live_bytes_allocator();
 
   comm::ProcessGroupPtr world;
   std::unique_ptr<comm::DeviceMesh> mesh;

@@ -3,6 +3,7 @@
 
 #include "core/log.h"
 #include "torus/train/gpt_model.h"
+#include "torus/recompute/recompute.h"
 #include "torus/train/model.h"
 
 namespace torus::train {
@@ -21,6 +22,7 @@ std::shared_ptr<Model> make_model(const RunConfig& c) {
     g.attention_dropout = c.dropout;
     g.tie_embeddings = c.tie_embeddings;
     g.seed = static_cast<uint64_t>(c.seed);
+    g.recompute = recompute::Policy::parse(c.recompute);
     g.dtype = c.precision == "f64"    ? at::kDouble
               : c.precision == "bf16" ? at::kBFloat16
               : c.precision == "fp16" ? at::kHalf
