@@ -183,6 +183,9 @@ TEST(GPTContract, Float32) {
 TEST(GPTContract, Float64) {
   check_contract(at::kDouble, 1e-10, 1e-10);
 }
+TEST(GPTContract, BFloat16) {
+  check_contract(at::kBFloat16, 1.0, 1.0);
+}
 
 }  // namespace
 }  // namespace torus::models

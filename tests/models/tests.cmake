@@ -15,3 +15,8 @@ foreach(_case single:1 dp2:2 dp3:3 tp2:2 tp2,sp:2 tp2,dp2:4 tp4:4 tp2,dp2,sp:4)
   torus_add_mpi_test(NAME gpt_contract_${_name} TARGET torus_gpt_contract NP ${_np}
                      ENV TORUS_TEST_LAYOUT=${_layout} LABELS "models;contract" TIMEOUT 300)
 endforeach()
+
+# The GPT in bf16/f16 and under CPU autocast against the f32 model.
+add_executable(torus_gpt_half_tests ${CMAKE_CURRENT_LIST_DIR}/gpt_half_test.cpp)
+target_link_libraries(torus_gpt_half_tests PRIVATE torus_test_main torus)
+torus_add_test(NAME gpt_half TARGET torus_gpt_half_tests LABELS "models;amp" TIMEOUT 180)
