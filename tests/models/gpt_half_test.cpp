@@ -18,6 +18,7 @@
 #include <ATen/Functions.h>
 #include <ATen/TensorOperators.h>
 #include <gtest/gtest.h>
+#include <torch/optim/sgd.h>
 
 #include <cmath>
 #include <cstdio>
@@ -25,6 +26,8 @@
 
 #include "parallel/parallel_test_util.h"
 #include "torus/amp/autocast.h"
+#include "torus/amp/grad_scaling.h"
+#include "torus/amp/loss_scaler.h"
 #include "torus/models/gpt.h"
 
 namespace torus::models {
@@ -120,6 +123,58 @@ TEST(GPTHalf, F32ModelUnderCpuAutocastMatchesF32) {
   }
   std::printf("[gpt autocast bf16] loss %.6f vs f32 %.6f, logits rel %.2e, worst gradient rel %.2e\n",
               got.loss.item<double>(), ref.loss.item<double>(), rel_diff(got.logits, ref.logits), worst);
+}
+
+// fp16 training with the dynamic loss scaler: a start at 2^24 overflows the
+// fp16 logit gradients (S / 64 tokens > 65504), so the first steps are
+// skipped with the parameters untouched and the scale halved each time;
+// once S fits, steps are taken, the scale grows after each interval (and
+// backs off again when a grown scale overflows), and the model learns.
+TEST(GPTHalf, Fp16TrainsWithTheDynamicLossScaler) {
+  GPTConfig c = GPTConfig::tiny();
+  c.dtype = at::kHalf;
+  GPT model(c);
+  amp::LossScaler scaler({.initial_scale = std::ldexp(1.0, 24), .growth_interval = 4});
+  torch::optim::SGD opt(model.parameters(), torch::optim::SGDOptions(0.5));
+  at::Tensor data = same_tokens({4, c.max_seq_len + 1}, c.vocab_size, 11);
+  for (int64_t i = 1; i < data.size(1); ++i)
+    data.select(1, i).copy_((data.select(1, i - 1) * 3 + 7) % c.vocab_size);
+  at::Tensor tokens = data.narrow(1, 0, c.max_seq_len).contiguous(), labels = data.narrow(1, 1, c.max_seq_len).contiguous();
+  std::vector<double> losses;
+  int skipped_at_start = 0;
+  bool taken_any = false;
+  for (int step = 0; step < 20; ++step) {
+    const double scale = scaler.scale();
+    at::Tensor loss = model.loss(tokens, labels);
+    ASSERT_EQ(loss.scalar_type(), at::kFloat);
+    scaler.scale_loss(loss).backward();
+    std::vector<at::Tensor> grads = amp::grads_of(model.parameters());
+    const bool inf = amp::found_non_finite(grads, nullptr);
+    // Sufficient for an overflow: a logit gradient S (softmax - onehot) / 64
+    // tokens beyond fp16's 65504 (other gradients may overflow earlier).
+    if (scale / (4 * c.max_seq_len) > 65504) EXPECT_TRUE(inf) << "step " << step << " scale " << scale;
+    const at::Tensor before = model.parameters()[0].detach().clone();
+    if (!inf) {
+      amp::unscale_(grads, scaler.inv_scale());
+      opt.step();
+      taken_any = true;
+      losses.push_back(loss.item<double>());
+    } else {
+      if (!taken_any) ++skipped_at_start;
+      EXPECT_TRUE(at::equal(model.parameters()[0], before));
+    }
+    EXPECT_EQ(scaler.update(inf), !inf);
+    EXPECT_EQ(scaler.scale(), inf ? scale / 2 : (scaler.clean_steps_since_growth() == 0 ? 2 * scale : scale));
+    opt.zero_grad();
+  }
+  // 2^24 / 64 = 2^18 > 65504: at least the first two steps (2^24, 2^23) overflow.
+  EXPECT_GE(skipped_at_start, 2);
+  EXPECT_GE(scaler.growth_count(), 1);
+  ASSERT_FALSE(losses.empty());
+  EXPECT_LT(losses.back(), losses.front() - 0.5) << "fp16 training did not learn";
+  std::printf("[gpt fp16 + loss scaler] %zu steps taken, %lld skipped, final scale 2^%g, loss %.4f -> %.4f\n",
+              losses.size(), static_cast<long long>(scaler.skipped_steps()), std::log2(scaler.scale()), losses.front(),
+              losses.back());
 }
 
 }  // namespace
