@@ -12,7 +12,12 @@
 //  * VocabParallelEmbedding: the table [vocab, h] split by rows (vocabulary
 //    padded to a multiple of tp; padded rows are zero and never looked up).
 //  * LayerNorm: replicated; inside a sequence-parallel region its gradients
-//    are partial over TP (ShardSpec::tp_partial_grad).
+//    are partial over TP (ShardSpec::tp_partial_grad). With bf16/f16 inputs
+//    or parameters it computes in fp32 and returns the input's dtype.
+//
+// Half precision (docs/precision.md): outputs keep the input's dtype and
+// every gradient its tensor's dtype; the embedding's table gradient is
+// summed in fp32 (Note [Embedding gradient in fp32], layers.cpp).
 //
 // Sequence parallelism (`sequence_parallel`): activations entering a column-
 // parallel layer and leaving a row-parallel one are sharded along dimension 0

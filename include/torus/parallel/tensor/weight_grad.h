@@ -78,7 +78,9 @@ class WeightGradStoreGuard {
 };
 
 // y = x W^T + b (bias may be undefined). Deferring when enabled and W
-// requires grad; otherwise at::linear.
+// requires grad; otherwise at::linear. Under autocast the deferred node's
+// backward computes in the forward's (output gradient's) dtype and returns
+// dx, dW and db in the dtypes of x, W and b.
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias = {});
 
 }  // namespace torus::tp
