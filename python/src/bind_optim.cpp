@@ -126,16 +126,17 @@ void bind_optim(py::module_& root) {
       .def("group_lr", &Optimizer::group_lr, py::arg("group"))
       .def("hyperparameters", &Optimizer::hyperparameters, py::arg("group"))
       .def_property_readonly("step_count", py::overload_cast<>(&Optimizer::step_count, py::const_))
-      .def("param_step_count", py::overload_cast<size_t, size_t>(&Optimizer::step_count, py::const_),
-           py::arg("group"), py::arg("index"))
+      .def("param_step_count", py::overload_cast<size_t, size_t>(&Optimizer::step_count, py::const_), py::arg("group"),
+           py::arg("index"))
       .def("init_state", &Optimizer::init_state, py::call_guard<py::gil_scoped_release>())
-      .def("state_dict",
-           [](const Optimizer& o) {
-             std::map<std::string, at::Tensor> out;
-             for (const auto& [k, v] : o.state_dict()) out.emplace(k, unpy(v));
-             return out;
-           },
-           "The state by '<name>.<state>' and 'step_count'; the tensors alias the live state.")
+      .def(
+          "state_dict",
+          [](const Optimizer& o) {
+            std::map<std::string, at::Tensor> out;
+            for (const auto& [k, v] : o.state_dict()) out.emplace(k, unpy(v));
+            return out;
+          },
+          "The state by '<name>.<state>' and 'step_count'; the tensors alias the live state.")
       .def(
           "load_state_dict",
           [](Optimizer& o, const std::map<std::string, at::Tensor>& state) {
@@ -149,7 +150,8 @@ void bind_optim(py::module_& root) {
       .def("param_name", &Optimizer::param_name, py::arg("group"), py::arg("index"))
       .def("has_master", &Optimizer::has_master, py::arg("group"), py::arg("index"))
       .def(
-          "state", [](const Optimizer& o, size_t g, size_t i, const std::string& name) -> py::object {
+          "state",
+          [](const Optimizer& o, size_t g, size_t i, const std::string& name) -> py::object {
             at::Tensor t = o.state(g, i, name);
             if (!t.defined()) return py::none();
             return py::cast(unpy(t));
