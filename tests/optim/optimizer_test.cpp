@@ -10,6 +10,7 @@
 // state_dict resumes, eager vs lazy state) must be bit-identical.
 #include "torus/optim/optimizer.h"
 
+#include <ATen/Context.h>
 #include <ATen/Functions.h>
 #include <ATen/TensorOperators.h>
 #include <gtest/gtest.h>
@@ -556,6 +557,37 @@ TEST(Optimizer, RejectsAParameterListedTwiceOrSharedMemory) {
             std::string::npos);
   // Disjoint views of one buffer are fine (a flat parameter buffer).
   EXPECT_NO_THROW(SGD({{{flat.narrow(0, 0, 5), flat.narrow(0, 5, 5)}}}, {}));
+}
+
+// The CUDA kernels against the CPU ones (f32, and bf16 with fp32 masters),
+// with a first-step batch and a later one (SGD's two code paths).
+TEST(Optimizer, CudaMatchesCpu) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  for (auto dtype : {at::kFloat, at::kBFloat16}) {
+    std::vector<at::Tensor> cpu = make_params(dtype), gpu;
+    for (const auto& p : cpu) gpu.push_back(p.detach().to(at::kCUDA).requires_grad_());
+    for (const char* name : {"sgd", "adamw"}) {
+      std::vector<at::Tensor> c = clones(cpu), g = clones(gpu);
+      OptimizerSpec spec{.name = name, .lr = 1e-2, .momentum = 0.9, .weight_decay = 0.1};
+      auto oc = make_optimizer(spec, {{c}});
+      auto og = make_optimizer(spec, {{g}});
+      for (int s = 0; s < 5; ++s) {
+        for (size_t i = 0; i < c.size(); ++i) {
+          c[i].mutable_grad() = at::randn(c[i].sizes()).to(dtype);
+          g[i].mutable_grad() = c[i].grad().to(at::kCUDA);
+        }
+        oc->step();
+        og->step();
+      }
+      for (size_t i = 0; i < c.size(); ++i) {
+        EXPECT_EQ(og->state(0, i, "step").device().type(), at::kCUDA);
+        if (dtype == at::kBFloat16) {
+          EXPECT_LE(rel(og->state(0, i, "master").cpu(), oc->state(0, i, "master")), 1e-5) << name << " " << i;
+        }
+        EXPECT_LE(rel(g[i].detach().cpu(), c[i].detach()), dtype == at::kFloat ? 1e-5 : 1e-2) << name << " " << i;
+      }
+    }
+  }
 }
 
 }  // namespace
