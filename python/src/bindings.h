@@ -10,6 +10,7 @@ void bind_core(pybind11::module_& m);      // errors, dtypes, logging, build inf
 void bind_comm(pybind11::module_& m);      // init, ProcessGroup, Work, DeviceMesh
 void bind_parallel(pybind11::module_& m);  // tensor/data parallel layers, models
 void bind_pipeline(pybind11::module_& m);  // schedules, simulator, partition, executor
+void bind_optim(pybind11::module_& m);     // Optimizer (SGD, Adam, AdamW), ParamGroup, OptimizerSpec
 void bind_train(pybind11::module_& m);     // GPTTrainer, lr schedule, corpus, metrics, plot
 
 // A new TensorImpl over the storage of `t`, with no Python object and no

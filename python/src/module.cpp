@@ -7,5 +7,6 @@ PYBIND11_MODULE(_C, m) {
   torus::python::bind_comm(m);
   torus::python::bind_parallel(m);
   torus::python::bind_pipeline(m);  // before bind_train: ScheduleKind is a default argument there
+  torus::python::bind_optim(m);
   torus::python::bind_train(m);
 }

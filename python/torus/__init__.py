@@ -9,8 +9,9 @@
 
 Submodules: `torus.parallel` (tensor/sequence/data-parallel layers),
 `torus.models` (the reference GPT), `torus.pipeline` (schedules, simulator,
-executor with Python stage callbacks) and `torus.train` (the 3D GPTTrainer and
-the utilities of a training run).
+executor with Python stage callbacks), `torus.optim` (SGD, Adam, AdamW with
+torch.optim's interface, fp32 master weights) and `torus.train` (the 3D
+GPTTrainer and the utilities of a training run).
 
 Every collective returns a `Work`; call `wait()` before reading the output.
 Errors are raised as `torus.Error` subclasses: `InvalidArgument` (also a
@@ -41,7 +42,7 @@ from ._C import (  # noqa: F401
     shared_host_allocator_installed,
     shared_host_pool_stats,
 )
-from . import models, parallel, pipeline, train  # noqa: E402,F401  (after _C: they import it)
+from . import models, optim, parallel, pipeline, train  # noqa: E402,F401  (after _C: they import it)
 
 
 def shared_host_zeros(shape, dtype=torch.float32):
@@ -79,6 +80,7 @@ __all__ = [
     "is_shared_host",
     "log_level",
     "models",
+    "optim",
     "parallel",
     "pipeline",
     "retain_freed_host_memory",

@@ -1,10 +1,11 @@
 // Adam and AdamW: one implementation (detail::AdamBase), two fused kernels.
+#include "torus/optim/adam.h"
+
 #include <ATen/Functions.h>
 
 #include <cmath>
 
 #include "core/log.h"
-#include "torus/optim/adam.h"
 #include "torus/optim/adamw.h"
 
 namespace torus::optim {
@@ -26,7 +27,9 @@ const AdamOptions& checked(const AdamOptions& o, std::string_view who) {
 
 }  // namespace
 
-void AdamOptions::validate() const { check(*this, "Adam"); }
+void AdamOptions::validate() const {
+  check(*this, "Adam");
+}
 
 namespace detail {
 
@@ -49,7 +52,9 @@ AdamBase::AdamBase(std::string_view who, bool decoupled, std::vector<ParamGroup>
   }
 }
 
-std::vector<std::string> AdamBase::buffer_names(size_t) const { return {"exp_avg", "exp_avg_sq"}; }
+std::vector<std::string> AdamBase::buffer_names(size_t) const {
+  return {"exp_avg", "exp_avg_sq"};
+}
 
 void AdamBase::update(size_t g, double lr, Batch& b) {
   const AdamOptions& o = resolved_[g];

@@ -19,7 +19,9 @@ at::Tensor gradient_of(const GradNormEntry& e) {
 }
 
 // f64 wherever the device computes in it.
-at::ScalarType accumulation_dtype(const at::Device& d) { return d.is_mps() ? at::kFloat : at::kDouble; }
+at::ScalarType accumulation_dtype(const at::Device& d) {
+  return d.is_mps() ? at::kFloat : at::kDouble;
+}
 
 // Where the all-reduced sum lives: Note "Devices" in clip.h. The choice
 // depends only on the group (and the gradients' device index), so every rank

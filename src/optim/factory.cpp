@@ -9,7 +9,10 @@ namespace torus::optim {
 namespace {
 
 SGDOptions sgd_options(const OptimizerSpec& s) {
-  return {.lr = s.lr, .momentum = s.momentum, .dampening = s.dampening, .nesterov = s.nesterov,
+  return {.lr = s.lr,
+          .momentum = s.momentum,
+          .dampening = s.dampening,
+          .nesterov = s.nesterov,
           .weight_decay = s.weight_decay};
 }
 

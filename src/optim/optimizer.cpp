@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <iterator>
 #include <set>
 #include <tuple>
 
@@ -16,14 +17,21 @@
 namespace torus::optim {
 namespace {
 
-std::string shape_string(at::IntArrayRef sizes) { return fmt::format("[{}]", fmt::join(sizes, ", ")); }
-std::string dtype_string(at::ScalarType t) { return comm::scalar_type_name(t); }
+std::string shape_string(at::IntArrayRef sizes) {
+  return fmt::format("[{}]", fmt::join(sizes, ", "));
+}
+std::string dtype_string(at::ScalarType t) {
+  return comm::scalar_type_name(t);
+}
 
 bool wants_master(at::ScalarType t, MasterWeights mode) {
   switch (mode) {
-    case MasterWeights::kHalf: return t == at::kHalf || t == at::kBFloat16;
-    case MasterWeights::kAlways: return t == at::kHalf || t == at::kBFloat16 || t == at::kFloat;
-    case MasterWeights::kNever: return false;
+    case MasterWeights::kHalf:
+      return t == at::kHalf || t == at::kBFloat16;
+    case MasterWeights::kAlways:
+      return t == at::kHalf || t == at::kBFloat16 || t == at::kFloat;
+    case MasterWeights::kNever:
+      return false;
   }
   return false;
 }
@@ -97,8 +105,8 @@ Optimizer::Optimizer(std::string_view who, std::vector<ParamGroup> groups, doubl
       if (at::get_overlap_status(a, b) != at::MemOverlapStatus::No) {
         TORUS_CHECK(!same_view(a, b), InvalidArgument, "{}: parameter '{}' is listed twice (also as '{}')", who_,
                     slot(e.g, e.i).name, slot(reach->g, reach->i).name);
-        throw InvalidArgument(fmt::format("{}: parameters '{}' and '{}' share memory", who_, slot(reach->g, reach->i).name,
-                                          slot(e.g, e.i).name));
+        throw InvalidArgument(fmt::format("{}: parameters '{}' and '{}' share memory", who_,
+                                          slot(reach->g, reach->i).name, slot(e.g, e.i).name));
       }
     }
     if (!reach || e.end > reach->end) reach = &e;
@@ -112,16 +120,20 @@ void Optimizer::set_lr(double lr) {
   lr_ = lr;
 }
 
-double Optimizer::group_lr(size_t g) const { return lr_ * groups_.at(g).lr_scale; }
+double Optimizer::group_lr(size_t g) const {
+  return lr_ * groups_.at(g).lr_scale;
+}
 
 std::map<std::string, double> Optimizer::hyperparameters(size_t g) const {
-  std::map<std::string, double> out{{"lr", group_lr(g)}, {"lr_scale", groups_.at(g).lr_scale},
-                                    {"weight_decay", weight_decay(g)}};
+  std::map<std::string, double> out{
+      {"lr", group_lr(g)}, {"lr_scale", groups_.at(g).lr_scale}, {"weight_decay", weight_decay(g)}};
   add_hyperparameters(g, out);
   return out;
 }
 
-int64_t Optimizer::step_count(size_t g, size_t i) const { return slot(g, i).count; }
+int64_t Optimizer::step_count(size_t g, size_t i) const {
+  return slot(g, i).count;
+}
 
 at::Tensor Optimizer::gradient_of(const at::Tensor& param) const {
   return grad_provider_ ? grad_provider_(param) : param.grad();
@@ -169,8 +181,9 @@ void Optimizer::step() {
                   "{}: the gradient of '{}' is sparse (not supported)", who_, s.name);
       TORUS_CHECK(grad.sizes() == p.sizes(), InvalidArgument, "{}: the gradient of '{}' has shape {}, the parameter {}",
                   who_, s.name, shape_string(grad.sizes()), shape_string(p.sizes()));
-      TORUS_CHECK(grad.device() == p.device(), InvalidArgument, "{}: the gradient of '{}' is on {}, the parameter on {}",
-                  who_, s.name, grad.device().str(), p.device().str());
+      TORUS_CHECK(grad.device() == p.device(), InvalidArgument,
+                  "{}: the gradient of '{}' is on {}, the parameter on {}", who_, s.name, grad.device().str(),
+                  p.device().str());
       TORUS_CHECK(s.use_master ? at::isFloatingType(grad.scalar_type()) : grad.scalar_type() == p.scalar_type(),
                   InvalidArgument, "{}: the gradient of '{}' is {}, the parameter {}{}", who_, s.name,
                   dtype_string(grad.scalar_type()), dtype_string(p.scalar_type()),
@@ -327,10 +340,11 @@ void Optimizer::load_state_dict(const std::map<std::string, at::Tensor>& state) 
     for (const auto& [key, t] : state) {
       if (!used.count(key) && unknown.size() < 5) unknown.push_back("'" + key + "'");
     }
-    throw InvalidArgument(fmt::format("{}: {} key(s) of no parameter of this optimizer, e.g. {} (its parameters are "
-                                      "named like '{}')",
-                                      who, state.size() - used.size(), fmt::join(unknown, ", "),
-                                      groups_.empty() || slots_[0].empty() ? std::string("-") : slots_[0][0].name));
+    throw InvalidArgument(
+        fmt::format("{}: {} key(s) of no parameter of this optimizer, e.g. {} (its parameters are "
+                    "named like '{}')",
+                    who, state.size() - used.size(), fmt::join(unknown, ", "),
+                    groups_.empty() || slots_[0].empty() ? std::string("-") : slots_[0][0].name));
   }
 
   // 2. Replace the state (reusing existing tensors).

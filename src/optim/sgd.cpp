@@ -29,7 +29,9 @@ const SGDOptions& checked(const SGDOptions& o) {
 
 }  // namespace
 
-void SGDOptions::validate() const { check(*this, "SGD"); }
+void SGDOptions::validate() const {
+  check(*this, "SGD");
+}
 
 SGD::SGD(std::vector<ParamGroup> groups, SGDOptions options, OptimizerOptions common)
     : Optimizer("SGD", std::move(groups), checked(options).lr, options.weight_decay, common), options_(options) {

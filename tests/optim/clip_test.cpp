@@ -1,6 +1,8 @@
 // optim::clip_grad_norm on one process: the norm written out in closed form,
 // which entries are counted and which scaled, f64 accumulation, explicit
 // gradients, and (where a GPU is present) CUDA gradients.
+#include "torus/optim/clip.h"
+
 #include <ATen/Context.h>
 #include <ATen/Functions.h>
 #include <ATen/TensorOperators.h>
@@ -10,7 +12,6 @@
 #include <limits>
 
 #include "torus/core/error.h"
-#include "torus/optim/clip.h"
 
 namespace torus::optim {
 namespace {
@@ -52,15 +53,15 @@ TEST(ClipGradNorm, ExplicitGradientReplacesParamGrad) {
   // A bf16 parameter whose fp32 main gradient is held elsewhere.
   at::Tensor p = at::zeros({4}, at::kBFloat16).requires_grad_();
   p.mutable_grad() = at::full({4}, 1000.0, at::kBFloat16);  // ignored
-  at::Tensor main = at::full({4}, 2.0);                      // |main| = 4
+  at::Tensor main = at::full({4}, 2.0);                     // |main| = 4
   ClipResult r = clip_grad_norm({{.param = p, .grad = main}}, 1.0, nullptr);
   EXPECT_DOUBLE_EQ(r.norm, 4.0);
   EXPECT_NEAR(main[0].item<float>(), 2.0 / (4.0 + 1e-6), 1e-7);
   EXPECT_EQ(p.grad()[0].item<float>(), 1000.0f);
   // Without a parameter at all, and an entry listed twice is scaled once.
   at::Tensor g = at::full({1}, 10.0);
-  ClipResult r2 = clip_grad_norm({{.param = {}, .counted = true, .grad = g}, {.param = {}, .counted = false, .grad = g}},
-                                 5.0, nullptr);
+  ClipResult r2 = clip_grad_norm(
+      {{.param = {}, .counted = true, .grad = g}, {.param = {}, .counted = false, .grad = g}}, 5.0, nullptr);
   EXPECT_DOUBLE_EQ(r2.norm, 10.0);
   EXPECT_NEAR(g.item<float>(), 10.0 * 5.0 / (10.0 + 1e-6), 1e-5);
 }

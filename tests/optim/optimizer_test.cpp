@@ -8,6 +8,9 @@
 // runs to 2e-6 (a few ulps after 8 steps of lr-sized changes). Runs that use
 // the same kernels on the same values (master weights against an f32 run,
 // state_dict resumes, eager vs lazy state) must be bit-identical.
+#include "torus/optim/optimizer.h"
+
+#include <ATen/Context.h>
 #include <ATen/Functions.h>
 #include <ATen/TensorOperators.h>
 #include <gtest/gtest.h>
@@ -21,7 +24,6 @@
 #include "torus/core/error.h"
 #include "torus/optim/adam.h"
 #include "torus/optim/adamw.h"
-#include "torus/optim/optimizer.h"
 #include "torus/optim/sgd.h"
 
 namespace torus::optim {
@@ -149,9 +151,9 @@ void sgd_case(at::ScalarType dtype, double tol, const SGDCase& c) {
 }
 
 TEST(SGD, MatchesTorchSGD) {
-  const SGDCase cases[] = {{0.0, 0.0, 0.0, 0.0, false},  // plain
-                           {0.9, 0.0, 0.0, 0.0, false},  // momentum
-                           {0.9, 0.0, 0.01, 0.0, true},  // Nesterov, weight decay on one group
+  const SGDCase cases[] = {{0.0, 0.0, 0.0, 0.0, false},    // plain
+                           {0.9, 0.0, 0.0, 0.0, false},    // momentum
+                           {0.9, 0.0, 0.01, 0.0, true},    // Nesterov, weight decay on one group
                            {0.8, 0.3, 0.05, 0.1, false}};  // dampening
   for (const auto& c : cases) {
     SCOPED_TRACE("momentum " + std::to_string(c.momentum) + " dampening " + std::to_string(c.dampening) +
@@ -165,8 +167,8 @@ void adam_case(at::ScalarType dtype, double tol, bool decoupled) {
   using RefAdam = torch::optim::AdamOptions;
   using RefAdamW = torch::optim::AdamWOptions;
   auto ours = [&](std::vector<at::Tensor> p) -> std::unique_ptr<Optimizer> {
-    std::vector<ParamGroup> groups{{{p[0], p[2]}, 0.1}, {.params = {p[1], p[3]}, .weight_decay = 0.0, .lr_scale = 2.0,
-                                                         .beta1 = 0.8, .eps = 1e-6}};
+    std::vector<ParamGroup> groups{
+        {{p[0], p[2]}, 0.1}, {.params = {p[1], p[3]}, .weight_decay = 0.0, .lr_scale = 2.0, .beta1 = 0.8, .eps = 1e-6}};
     const AdamOptions o{.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8};
     if (decoupled) return std::make_unique<AdamW>(std::move(groups), o);
     return std::make_unique<Adam>(std::move(groups), o);
@@ -209,9 +211,15 @@ TEST(Optimizer, FactoryBuildsTheNamedAlgorithm) {
     OptimizerSpec spec{.name = name, .lr = 0.05, .beta2 = 0.9, .momentum = 0.5, .weight_decay = 0.01};
     auto made = make_optimizer(spec, {{a}});
     std::unique_ptr<Optimizer> direct;
-    if (spec.name == "sgd") direct = std::make_unique<SGD>(std::vector<ParamGroup>{{b}}, SGDOptions{.lr = 0.05, .momentum = 0.5, .weight_decay = 0.01});
-    if (spec.name == "adam") direct = std::make_unique<Adam>(std::vector<ParamGroup>{{b}}, AdamOptions{.lr = 0.05, .beta2 = 0.9, .weight_decay = 0.01});
-    if (spec.name == "adamw") direct = std::make_unique<AdamW>(std::vector<ParamGroup>{{b}}, AdamWOptions{.lr = 0.05, .beta2 = 0.9, .weight_decay = 0.01});
+    if (spec.name == "sgd")
+      direct = std::make_unique<SGD>(std::vector<ParamGroup>{{b}},
+                                     SGDOptions{.lr = 0.05, .momentum = 0.5, .weight_decay = 0.01});
+    if (spec.name == "adam")
+      direct = std::make_unique<Adam>(std::vector<ParamGroup>{{b}},
+                                      AdamOptions{.lr = 0.05, .beta2 = 0.9, .weight_decay = 0.01});
+    if (spec.name == "adamw")
+      direct = std::make_unique<AdamW>(std::vector<ParamGroup>{{b}},
+                                       AdamWOptions{.lr = 0.05, .beta2 = 0.9, .weight_decay = 0.01});
     EXPECT_EQ(made->name(), name);
     for (int s = 0; s < 3; ++s) {
       for (size_t i = 0; i < a.size(); ++i) {
@@ -518,12 +526,14 @@ TEST(Optimizer, RejectsBadParametersAndOptions) {
   EXPECT_THROW(SGD({{{p}}}, {.nesterov = true}), InvalidArgument);  // no momentum
   EXPECT_THROW(SGD({{{p}}}, {.momentum = 0.9, .dampening = 0.1, .nesterov = true}), InvalidArgument);
   EXPECT_THROW(SGD({{.params = {p}, .nesterov = true}}, {.momentum = 0}), InvalidArgument);  // a group's override
-  EXPECT_NE(what_of([&] { Adam({{.params = {p}, .momentum = 0.9}}, {}); }).find("Adam does not use"), std::string::npos);
+  EXPECT_NE(what_of([&] { Adam({{.params = {p}, .momentum = 0.9}}, {}); }).find("Adam does not use"),
+            std::string::npos);
   EXPECT_NE(what_of([&] { SGD({{.params = {p}, .beta1 = 0.9}}, {}); }).find("SGD does not use"), std::string::npos);
   EXPECT_THROW(SGD({{.params = {p}, .lr_scale = -1}}, {}), InvalidArgument);
   EXPECT_THROW(SGD({{.params = {p, q}, .names = {"x"}}}, {}), InvalidArgument);
-  EXPECT_NE(what_of([&] { SGD({{.params = {p}, .names = {"x"}}, {.params = {q}, .names = {"x"}}}, {}); })
-                .find("two parameters are named 'x'"),
+  EXPECT_NE(what_of([&] {
+              SGD({{.params = {p}, .names = {"x"}}, {.params = {q}, .names = {"x"}}}, {});
+            }).find("two parameters are named 'x'"),
             std::string::npos);
   EXPECT_THROW(SGD({{{at::Tensor()}}}, {}), InvalidArgument);
   EXPECT_THROW(SGD({{{at::zeros({3}, at::kLong)}}}, {}), InvalidArgument);
@@ -541,10 +551,43 @@ TEST(Optimizer, RejectsAParameterListedTwiceOrSharedMemory) {
   EXPECT_NE(what_of([&] { AdamW({{{p, q}}, {{alias}}}, {}); }).find("listed twice"), std::string::npos);
   // Overlapping views of one buffer.
   at::Tensor flat = at::zeros({10});
-  EXPECT_NE(what_of([&] { SGD({{{flat.narrow(0, 0, 6), flat.narrow(0, 4, 6)}}}, {}); }).find("share memory"),
+  EXPECT_NE(what_of([&] {
+              SGD({{{flat.narrow(0, 0, 6), flat.narrow(0, 4, 6)}}}, {});
+            }).find("share memory"),
             std::string::npos);
   // Disjoint views of one buffer are fine (a flat parameter buffer).
   EXPECT_NO_THROW(SGD({{{flat.narrow(0, 0, 5), flat.narrow(0, 5, 5)}}}, {}));
+}
+
+// The CUDA kernels against the CPU ones (f32, and bf16 with fp32 masters),
+// with a first-step batch and a later one (SGD's two code paths).
+TEST(Optimizer, CudaMatchesCpu) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  for (auto dtype : {at::kFloat, at::kBFloat16}) {
+    std::vector<at::Tensor> cpu = make_params(dtype), gpu;
+    for (const auto& p : cpu) gpu.push_back(p.detach().to(at::kCUDA).requires_grad_());
+    for (const char* name : {"sgd", "adamw"}) {
+      std::vector<at::Tensor> c = clones(cpu), g = clones(gpu);
+      OptimizerSpec spec{.name = name, .lr = 1e-2, .momentum = 0.9, .weight_decay = 0.1};
+      auto oc = make_optimizer(spec, {{c}});
+      auto og = make_optimizer(spec, {{g}});
+      for (int s = 0; s < 5; ++s) {
+        for (size_t i = 0; i < c.size(); ++i) {
+          c[i].mutable_grad() = at::randn(c[i].sizes()).to(dtype);
+          g[i].mutable_grad() = c[i].grad().to(at::kCUDA);
+        }
+        oc->step();
+        og->step();
+      }
+      for (size_t i = 0; i < c.size(); ++i) {
+        EXPECT_EQ(og->state(0, i, "step").device().type(), at::kCUDA);
+        if (dtype == at::kBFloat16) {
+          EXPECT_LE(rel(og->state(0, i, "master").cpu(), oc->state(0, i, "master")), 1e-5) << name << " " << i;
+        }
+        EXPECT_LE(rel(g[i].detach().cpu(), c[i].detach()), dtype == at::kFloat ? 1e-5 : 1e-2) << name << " " << i;
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -16,8 +16,14 @@ if(TORUS_BUILD_PYTHON)
                                ${CMAKE_CURRENT_LIST_DIR}/test_comm.py)
   endif()
 
+  # torus.optim against torch.optim: one process, no launcher.
+  add_test(NAME python_optim
+           COMMAND ${CMAKE_CURRENT_LIST_DIR}/run_pytest.sh ${TORUS_PYTHON_EXECUTABLE} ${PROJECT_BINARY_DIR}/python
+                   ${CMAKE_CURRENT_LIST_DIR}/test_optim.py)
+  set_tests_properties(python_optim PROPERTIES TIMEOUT 300 LABELS "unit;python;optim" ENVIRONMENT "TORUS_LOG_LEVEL=warn")
+
   # examples/python/train_gpt.py: --help, a bad flag, a PP=2 run on 2 ranks (metrics, log, TensorBoard, plot),
-# and torus-train with the same options writing the same records.
+  # and torus-train with the same options writing the same records.
   add_test(NAME python_train_example
            COMMAND ${TORUS_PYTHON_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/train_example_test.py ${TORUS_PYTHON_EXECUTABLE}
                    ${PROJECT_BINARY_DIR}/python $<TARGET_FILE:torus-train> ${TORUS_MPIEXEC} ${TORUS_TEST_MPIRUN_FLAGS}

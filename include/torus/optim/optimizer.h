@@ -80,9 +80,9 @@ namespace torus::optim {
 //   ParamGroup{.params = tensors, .weight_decay = 0.0, .lr_scale = 0.1, .names = {...}}
 struct ParamGroup {
   // (Every member has an initialiser, so that {params, wd} raises no missing-initialiser warning.)
-  std::vector<at::Tensor> params{};      // leaves; each at most once over all groups
-  std::optional<double> weight_decay{};  // >= 0; default: the optimizer's
-  double lr_scale = 1.0;                 // >= 0; this group's lr = the optimizer's lr x lr_scale
+  std::vector<at::Tensor> params{};               // leaves; each at most once over all groups
+  std::optional<double> weight_decay{};           // >= 0; default: the optimizer's
+  double lr_scale = 1.0;                          // >= 0; this group's lr = the optimizer's lr x lr_scale
   std::optional<double> beta1{}, beta2{}, eps{};  // Adam, AdamW
   std::optional<double> momentum{}, dampening{};  // SGD
   std::optional<bool> nesterov{};                 // SGD
@@ -181,11 +181,11 @@ class Optimizer {
   // The tensors of one fused kernel call: parameters of one group with the
   // same compute dtype and device and the same first-step flag.
   struct Batch {
-    std::vector<at::Tensor> params;  // what is updated: the masters, or the parameters themselves
-    std::vector<at::Tensor> grads;   // each with its params' dtype
+    std::vector<at::Tensor> params;                // what is updated: the masters, or the parameters themselves
+    std::vector<at::Tensor> grads;                 // each with its params' dtype
     std::vector<std::vector<at::Tensor>> buffers;  // buffers[k][j]: buffer_names()[k] of params[j]
-    std::vector<at::Tensor> steps;   // already advanced by one
-    bool first_step = false;         // every parameter's first update
+    std::vector<at::Tensor> steps;                 // already advanced by one
+    bool first_step = false;                       // every parameter's first update
   };
 
   // `who` names the algorithm in messages ("AdamW"); name() is its lower
@@ -230,9 +230,9 @@ struct OptimizerSpec {
   std::string name = "adamw";  // "sgd" | "adam" | "adamw"
   double lr = 1e-3;
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // adam, adamw
-  double momentum = 0.0, dampening = 0.0;          // sgd
-  bool nesterov = false;                           // sgd
-  double weight_decay = 0.0;  // the default of groups that do not set their own
+  double momentum = 0.0, dampening = 0.0;         // sgd
+  bool nesterov = false;                          // sgd
+  double weight_decay = 0.0;                      // the default of groups that do not set their own
   OptimizerOptions options;
   // Throws InvalidArgument for an unknown name or an option out of range for
   // that algorithm (what its constructor would reject).
