@@ -27,7 +27,7 @@
 
 #include "parallel/parallel_test_util.h"
 #include "torus/models/gpt.h"
-#include "torus/train/gpt_trainer.h"
+#include "torus/train/gpt_model.h"
 
 namespace torus::recompute {
 namespace {

@@ -5,7 +5,7 @@
 // (train::Model) describes itself — sizes, FLOPs, how it cuts into stages —
 // and builds, for this rank, the StageModule of each pipeline stage the rank
 // holds, sharded over the tensor-parallel group it is given. The reference
-// GPT is the first implementation (gpt_trainer.h: GPTModel); Llama-family
+// GPT is the first implementation (gpt_model.h: GPTModel); Llama-family
 // and MoE models plug in the same way.
 //
 // Contracts:
