@@ -29,11 +29,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <stdexcept>
+#include <type_traits>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "common/live_bytes.h"
+#include "common/options.h"
 #include "torus/comm/process_group.h"
 #include "torus/train/gpt_model.h"
 #include "torus/train/peak_flops.h"
@@ -49,40 +52,33 @@ struct Options {
   std::string json;
 };
 
-[[noreturn]] void usage(const char* msg) {
-  std::fprintf(stderr,
-               "%s\nusage: torus-bench-precision [--layers 4] [--hidden 256] [--heads 8] [--seq 512] [--batch 4]\n"
-               "  [--steps 6] [--warmup 2] [--threads 2] [--json FILE]\n",
-               msg);
-  std::exit(1);
-}
+constexpr const char* kUsage =
+    "usage: torus-bench-precision [--layers 4] [--hidden 256] [--heads 8] [--seq 512] [--batch 4]\n"
+    "  [--steps 6] [--warmup 2] [--threads 2] [--json FILE]\n"
+    "The engine's GPT trained in f32, bf16 and fp16: step time, tokens/s and live bytes per rank.\n";
 
+// The shared bench argument reader (bench/common/options.h); throws
+// std::invalid_argument naming the option.
 Options parse(int argc, char** argv) {
-  Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--help" || a == "-h") {
-      usage("torus-bench-precision: the GPT trained in f32, bf16 and fp16; time and live bytes per rank");
-    }
-    if (i + 1 >= argc) usage(("missing value for " + a).c_str());
-    const char* v = argv[++i];
-    auto num = [&]() {
-      char* end = nullptr;
-      const long long x = std::strtoll(v, &end, 10);
-      if (*end != '\0' || x < 1) usage(("bad value for " + a).c_str());
-      return static_cast<int64_t>(x);
-    };
-    if (a == "--layers") o.layers = num();
-    else if (a == "--hidden") o.hidden = num();
-    else if (a == "--heads") o.heads = num();
-    else if (a == "--seq") o.seq = num();
-    else if (a == "--batch") o.batch = num();
-    else if (a == "--steps") o.steps = static_cast<int>(num());
-    else if (a == "--warmup") o.warmup = static_cast<int>(num());
-    else if (a == "--threads") o.threads = static_cast<int>(num());
-    else if (a == "--json") o.json = v;
-    else usage(("unknown option " + a).c_str());
+  bench::Args args(argc, argv);
+  if (args.flag({"--help", "-h"})) {
+    std::fputs(kUsage, stdout);
+    std::exit(0);
   }
+  Options o;
+  auto integer = [&](const char* name, auto& dest) {
+    if (auto v = args.value({name})) dest = static_cast<std::remove_reference_t<decltype(dest)>>(bench::parse_int(*v, name, 1));
+  };
+  integer("--layers", o.layers);
+  integer("--hidden", o.hidden);
+  integer("--heads", o.heads);
+  integer("--seq", o.seq);
+  integer("--batch", o.batch);
+  integer("--steps", o.steps);
+  integer("--warmup", o.warmup);
+  integer("--threads", o.threads);
+  if (auto v = args.value({"--json"})) o.json = *v;
+  args.finish();
   return o;
 }
 
@@ -149,7 +145,13 @@ Result run(const comm::ProcessGroupPtr& world, const Options& o, const std::stri
 }  // namespace
 
 int main(int argc, char** argv) {
-  const Options o = parse(argc, argv);
+  Options o;
+  try {
+    o = parse(argc, argv);
+  } catch (const std::invalid_argument& e) {
+    std::fprintf(stderr, "torus-bench-precision: %s\n%s", e.what(), kUsage);
+    return 1;
+  }
   bench::LiveBytesAllocator& live = bench::install_live_bytes_allocator();
   at::set_num_threads(o.threads);
   comm::ProcessGroupPtr world = torus::init();
