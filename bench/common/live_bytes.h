@@ -18,24 +18,34 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <mutex>
+#include <unordered_map>
 
 namespace torus::bench {
 
 class LiveBytesAllocator final : public c10::Allocator {
  public:
-  explicit LiveBytesAllocator(c10::Allocator* base) : base_(base) {}
+  explicit LiveBytesAllocator(c10::Allocator* base) : base_(base) { self() = this; }
 
+  // The returned DataPtr's context is its data pointer (raw_allocate, used
+  // by oneDNN's scratch buffers, requires it); the wrapped block and its
+  // size are kept in a table until the deleter runs.
   c10::DataPtr allocate(size_t n) override {
     c10::DataPtr inner = base_->allocate(n);
+    void* data = inner.get();
+    const c10::Device device = inner.device();
+    if (data == nullptr) return inner;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      blocks_.emplace(data, Block{std::move(inner), n});
+    }
     const int64_t now = live_.fetch_add(static_cast<int64_t>(n)) + static_cast<int64_t>(n);
     int64_t peak = peak_.load();
     while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
     }
-    void* data = inner.get();
-    const c10::Device device = inner.device();
-    auto* ctx = new Block{std::move(inner), n, this};
-    return {data, ctx, &LiveBytesAllocator::release, device};
+    return {data, data, &LiveBytesAllocator::release, device};
   }
+  c10::DeleterFnPtr raw_deleter() const override { return &LiveBytesAllocator::release; }
   void copy_data(void* dest, const void* src, std::size_t count) const override { std::memcpy(dest, src, count); }
 
   int64_t live() const { return live_.load(); }
@@ -46,15 +56,27 @@ class LiveBytesAllocator final : public c10::Allocator {
   struct Block {
     c10::DataPtr inner;
     size_t bytes;
-    LiveBytesAllocator* owner;
   };
+  static LiveBytesAllocator*& self() {
+    static LiveBytesAllocator* instance = nullptr;
+    return instance;
+  }
   static void release(void* p) {
-    auto* b = static_cast<Block*>(p);
-    b->owner->live_.fetch_sub(static_cast<int64_t>(b->bytes));
-    delete b;  // frees through the wrapped allocator's deleter
+    LiveBytesAllocator* a = self();
+    c10::DataPtr inner;  // freed through the wrapped allocator's deleter when it leaves scope
+    {
+      std::lock_guard<std::mutex> lock(a->mu_);
+      auto it = a->blocks_.find(p);
+      if (it == a->blocks_.end()) return;
+      a->live_.fetch_sub(static_cast<int64_t>(it->second.bytes));
+      inner = std::move(it->second.inner);
+      a->blocks_.erase(it);
+    }
   }
 
   c10::Allocator* base_;
+  std::mutex mu_;
+  std::unordered_map<void*, Block> blocks_;
   std::atomic<int64_t> live_{0};
   std::atomic<int64_t> peak_{0};
 };
