@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <nlohmann/json.hpp>
 
 #include "sweep.h"
 
@@ -13,21 +14,8 @@ namespace torus::bench {
 namespace {
 
 // Keeps the non-finite values JSON cannot hold out of the file.
-std::string json_number(double v) {
-  if (!std::isfinite(v)) return "null";
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.6g", v);
-  return buf;
-}
-
-std::string json_string(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    if (static_cast<unsigned char>(c) < 0x20) continue;
-    out += c;
-  }
-  return out + "\"";
+nlohmann::ordered_json json_number(double v) {
+  return std::isfinite(v) ? nlohmann::ordered_json(v) : nlohmann::ordered_json(nullptr);
 }
 
 void print_cells(std::FILE* out, const std::optional<Record>& r) {
@@ -167,24 +155,18 @@ bool write_json(const std::string& path, const std::vector<Record>& records, con
     std::fprintf(stderr, "cannot write %s: %s\n", path.c_str(), std::strerror(errno));
     return false;
   }
-  std::fprintf(f, "[\n");
-  bool first = true;
+  nlohmann::ordered_json out = nlohmann::ordered_json::array();
   for (const Record& r : records) {
-    std::fprintf(f,
-                 "%s  {\"backend\": %s, \"op\": %s, \"ranks\": %d, \"bytes\": %zu, \"count\": %zu, \"dtype\": %s, "
-                 "\"redop\": %s, \"root\": %d, \"in_place\": %s, \"iters\": %d, \"time_us\": %s, "
-                 "\"algbw_gbps\": %s, \"busbw_gbps\": %s, \"wrong\": %lld}",
-                 first ? "" : ",\n", json_string(r.backend).c_str(), json_string(r.op).c_str(), r.ranks, r.bytes,
-                 r.count, json_string(r.dtype).c_str(), json_string(r.redop).c_str(), r.root,
-                 r.in_place ? "true" : "false", r.iters, json_number(r.time_us).c_str(),
-                 json_number(r.algbw_gbps).c_str(), json_number(r.busbw_gbps).c_str(), static_cast<long long>(r.wrong));
-    first = false;
+    out.push_back({{"backend", r.backend}, {"op", r.op}, {"ranks", r.ranks}, {"bytes", r.bytes}, {"count", r.count},
+                   {"dtype", r.dtype}, {"redop", r.redop}, {"root", r.root}, {"in_place", r.in_place},
+                   {"iters", r.iters}, {"time_us", json_number(r.time_us)}, {"algbw_gbps", json_number(r.algbw_gbps)},
+                   {"busbw_gbps", json_number(r.busbw_gbps)}, {"wrong", static_cast<long long>(r.wrong)}});
   }
   if (probe) {
-    std::fprintf(f, "%s  {\"probe\": \"memcpy\", \"bytes\": %zu, \"runs\": %d, \"gbps\": %s}", first ? "" : ",\n",
-                 probe->bytes, probe->runs, json_number(probe->gbps).c_str());
+    out.push_back({{"probe", "memcpy"}, {"bytes", probe->bytes}, {"runs", probe->runs}, {"gbps", json_number(probe->gbps)}});
   }
-  std::fprintf(f, "\n]\n");
+  const std::string text = out.dump(1) + "\n";
+  std::fwrite(text.data(), 1, text.size(), f);
   const bool ok = std::fclose(f) == 0;
   if (!ok) std::fprintf(stderr, "cannot write %s: %s\n", path.c_str(), std::strerror(errno));
   return ok;

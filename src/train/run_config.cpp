@@ -298,7 +298,6 @@ void RunConfig::validate() const {
     }
     throw InvalidArgument(fmt::format("--{} must be one of {}, got '{}'", name, names, v));
   };
-  one_of(model, {"gpt"}, "model");
   one_of(precision, {"f32", "bf16", "fp16", "f64"}, "precision");
   one_of(grad_dtype, {"f32", "param"}, "grad-dtype");
   one_of(optimizer, {"sgd", "adam", "adamw"}, "optimizer");
