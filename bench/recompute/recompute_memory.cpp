@@ -37,10 +37,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "common/live_bytes.h"
+#include "common/options.h"
 #include "torus/comm/device_mesh.h"
 #include "torus/core/host_allocator.h"
 #include "torus/models/gpt.h"
@@ -70,29 +73,31 @@ struct Options {
   std::exit(1);
 }
 
+// The shared bench argument reader (bench/common/options.h).
 Options parse(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) usage(("missing value for " + a).c_str());
-      return argv[++i];
+  try {
+    bench::Args args(argc, argv);
+    if (args.flag({"--help", "-h"})) usage("");
+    auto integer = [&](const char* name, auto& dest, int64_t min = 1) {
+      using T = std::remove_reference_t<decltype(dest)>;
+      if (auto v = args.value({name})) dest = static_cast<T>(bench::parse_int(*v, name, min));
     };
-    auto num = [&]() { return std::stoll(value()); };
-    if (a == "--seq") o.seq = num();
-    else if (a == "--batch") o.batch = num();
-    else if (a == "--layers") o.layers = num();
-    else if (a == "--hidden") o.hidden = num();
-    else if (a == "--heads") o.heads = num();
-    else if (a == "--vocab") o.vocab = num();
-    else if (a == "--steps") o.steps = static_cast<int>(num());
-    else if (a == "--warmup") o.warmup = static_cast<int>(num());
-    else if (a == "--tp") o.tp = static_cast<int>(num());
-    else if (a == "--threads") o.threads = static_cast<int>(num());
-    else if (a == "--sp") o.sp = true;
-    else if (a == "--json") o.json = value();
-    else if (a == "--help" || a == "-h") usage("");
-    else usage(("unknown option " + a).c_str());
+    integer("--seq", o.seq);
+    integer("--batch", o.batch);
+    integer("--layers", o.layers);
+    integer("--hidden", o.hidden);
+    integer("--heads", o.heads);
+    integer("--vocab", o.vocab);
+    integer("--steps", o.steps);
+    integer("--warmup", o.warmup, 0);
+    integer("--tp", o.tp);
+    integer("--threads", o.threads);
+    o.sp = args.flag({"--sp"});
+    if (auto v = args.value({"--json"})) o.json = *v;
+    args.finish();
+  } catch (const std::invalid_argument& e) {
+    usage(e.what());
   }
   return o;
 }

@@ -66,8 +66,8 @@ Options parse(int argc, char** argv) {
     std::exit(0);
   }
   Options o;
-  auto integer = [&](const char* name, auto& dest) {
-    if (auto v = args.value({name})) dest = static_cast<std::remove_reference_t<decltype(dest)>>(bench::parse_int(*v, name, 1));
+  auto integer = [&](const char* name, auto& dest, int64_t min = 1) {
+    if (auto v = args.value({name})) dest = static_cast<std::remove_reference_t<decltype(dest)>>(bench::parse_int(*v, name, min));
   };
   integer("--layers", o.layers);
   integer("--hidden", o.hidden);
@@ -75,7 +75,7 @@ Options parse(int argc, char** argv) {
   integer("--seq", o.seq);
   integer("--batch", o.batch);
   integer("--steps", o.steps);
-  integer("--warmup", o.warmup);
+  integer("--warmup", o.warmup, 0);
   integer("--threads", o.threads);
   if (auto v = args.value({"--json"})) o.json = *v;
   args.finish();

@@ -203,6 +203,10 @@ void bind_models(py::module_& m) {
       .def_readwrite("seed", &GPTConfig::seed)
       .def_readwrite("dtype", &GPTConfig::dtype)
       .def_readwrite("device", &GPTConfig::device)
+      .def_property(
+          "recompute", [](const GPTConfig& c) { return c.recompute.name(); },
+          [](GPTConfig& c, const std::string& policy) { c.recompute = recompute::Policy::parse(policy); },
+          "activation recompute: \"none\", \"full\", \"every:K\" or \"selective\" (docs/recompute.md)")
       .def("validate", &GPTConfig::validate, py::arg("tp_size"))
       .def("validate_sequence", &GPTConfig::validate_sequence, py::arg("seq_len"), py::arg("tp_size"))
       .def_static("tiny", &GPTConfig::tiny)

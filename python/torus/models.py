@@ -41,6 +41,7 @@ class GPTConfig:
     seed: int = 1234
     dtype: torch.dtype = torch.float32
     device: str = "cpu"
+    recompute: str = "none"  # activation recompute of the C++ GPT: none | full | every:K | selective
 
     @property
     def ffn(self):

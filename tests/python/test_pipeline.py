@@ -11,6 +11,7 @@ no communication:
     trained by torch.optim.AdamW with the clipping rule written out;
   * the example script's option parsing (config file and flag precedence).
 """
+import dataclasses
 import importlib.util
 import json
 import math
@@ -384,6 +385,23 @@ def test_training_utilities():
     assert line == "step 40 | loss 2.31 | val 2.40 | grad_norm 0.82 | lr 3.0e-4 | 1520 tok/s | MFU 11% | mem 1.3 GiB"
     assert train.format_step_line(3, loss=1.0) == "step 3 | loss 1.00"
     assert train.peak_rss_bytes() > 0
+
+
+def test_gpt_trainer_recompute_equals_no_recompute(world):
+    # The C++ GPT's recompute policy from Python: with dropout, every policy
+    # gives the losses and gradient norms of the run without recompute.
+    def run(policy):
+        cfg = dataclasses.replace(gpt_config(), dropout=0.1, attention_dropout=0.1, recompute=policy)
+        trainer = train.GPTTrainer(world, cfg, train.ParallelLayout(pp=world.size, num_micro=2),
+                                   train.OptimizerConfig(lr=LR, grad_clip=0.0))
+        return [(st.loss, st.grad_norm) for st in (trainer.train_step(gpt_batch(cfg, k)) for k in range(2))]
+
+    base = run("none")
+    for policy in ("full", "every:2", "selective"):
+        for (l, g), (l0, g0) in zip(run(policy), base):
+            assert abs(l - l0) <= 1e-12 * abs(l0) and abs(g - g0) <= 1e-10 * g0, (policy, l, l0, g, g0)
+    with pytest.raises(torus.InvalidArgument, match="recompute"):
+        models.GPTConfig(recompute="sometimes").to_native()
 
 
 # ---- the option table from Python ---------------------------------------------------------
