@@ -35,6 +35,13 @@ std::vector<std::string> split_list(const std::string& s);
 // The whole of `s` as an integer >= min, or std::invalid_argument naming
 // `what` ("--micro must be an integer >= 1, got 'x'").
 int64_t parse_int(const std::string& s, const char* what, int64_t min);
+// Sets `dest` from option `name` when it is given: an integer >= min
+// (std::invalid_argument otherwise).
+template <typename T>
+void read_int(Args& args, const char* name, T& dest, int64_t min = 1) {
+  if (auto v = args.value({name})) dest = static_cast<T>(parse_int(*v, name, min));
+}
+
 // The whole of `s` as a number >= 0 (`unit`, e.g. " in ms", ends the message).
 double parse_nonnegative(const std::string& s, const char* what, const char* unit = "");
 

@@ -79,20 +79,16 @@ Options parse(int argc, char** argv) {
   try {
     bench::Args args(argc, argv);
     if (args.flag({"--help", "-h"})) usage("");
-    auto integer = [&](const char* name, auto& dest, int64_t min = 1) {
-      using T = std::remove_reference_t<decltype(dest)>;
-      if (auto v = args.value({name})) dest = static_cast<T>(bench::parse_int(*v, name, min));
-    };
-    integer("--seq", o.seq);
-    integer("--batch", o.batch);
-    integer("--layers", o.layers);
-    integer("--hidden", o.hidden);
-    integer("--heads", o.heads);
-    integer("--vocab", o.vocab);
-    integer("--steps", o.steps);
-    integer("--warmup", o.warmup, 0);
-    integer("--tp", o.tp);
-    integer("--threads", o.threads);
+    bench::read_int(args, "--seq", o.seq);
+    bench::read_int(args, "--batch", o.batch);
+    bench::read_int(args, "--layers", o.layers);
+    bench::read_int(args, "--hidden", o.hidden);
+    bench::read_int(args, "--heads", o.heads);
+    bench::read_int(args, "--vocab", o.vocab);
+    bench::read_int(args, "--steps", o.steps);
+    bench::read_int(args, "--warmup", o.warmup, 0);
+    bench::read_int(args, "--tp", o.tp);
+    bench::read_int(args, "--threads", o.threads);
     o.sp = args.flag({"--sp"});
     if (auto v = args.value({"--json"})) o.json = *v;
     args.finish();

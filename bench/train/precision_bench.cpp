@@ -66,17 +66,14 @@ Options parse(int argc, char** argv) {
     std::exit(0);
   }
   Options o;
-  auto integer = [&](const char* name, auto& dest, int64_t min = 1) {
-    if (auto v = args.value({name})) dest = static_cast<std::remove_reference_t<decltype(dest)>>(bench::parse_int(*v, name, min));
-  };
-  integer("--layers", o.layers);
-  integer("--hidden", o.hidden);
-  integer("--heads", o.heads);
-  integer("--seq", o.seq);
-  integer("--batch", o.batch);
-  integer("--steps", o.steps);
-  integer("--warmup", o.warmup, 0);
-  integer("--threads", o.threads);
+  bench::read_int(args, "--layers", o.layers);
+  bench::read_int(args, "--hidden", o.hidden);
+  bench::read_int(args, "--heads", o.heads);
+  bench::read_int(args, "--seq", o.seq);
+  bench::read_int(args, "--batch", o.batch);
+  bench::read_int(args, "--steps", o.steps);
+  bench::read_int(args, "--warmup", o.warmup, 0);
+  bench::read_int(args, "--threads", o.threads);
   if (auto v = args.value({"--json"})) o.json = *v;
   args.finish();
   return o;
