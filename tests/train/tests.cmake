@@ -16,13 +16,16 @@ add_executable(torus_engine_tests ${CMAKE_CURRENT_LIST_DIR}/engine_test.cpp)
 target_link_libraries(torus_engine_tests PRIVATE torus_test_main torus)
 torus_add_test(NAME train_engine_unit TARGET torus_engine_tests LABELS "train" TIMEOUT 120)
 
-# The engine with half precision and its state (engine_precision_test.cpp):
-# the case is chosen by the world size — 8 ranks: an fp16 overflow on one
+# The engine with half precision and its state (engine_precision_test.cpp),
+# each case on the world size it needs — 8 ranks: an fp16 overflow on one
 # rank of tp2 x pp2 x dp2; 1 rank: bf16/fp16 track f32 over 200 steps;
 # 2 ranks: state_dict / load_state_dict.
 add_executable(torus_engine_precision_tests ${CMAKE_CURRENT_LIST_DIR}/engine_precision_test.cpp)
 target_link_libraries(torus_engine_precision_tests PRIVATE torus_test_main torus)
-foreach(_np 1 2 8)
+foreach(_case 1:HalfPrecision.* 2:EngineState.* 8:Fp16Overflow.*)
+  string(REPLACE ":" ";" _pair "${_case}")
+  list(GET _pair 0 _np)
+  list(GET _pair 1 _filter)
   torus_add_mpi_test(NAME train_engine_np${_np} TARGET torus_engine_precision_tests NP ${_np}
-                     LABELS "train;precision" TIMEOUT 400)
+                     ARGS --gtest_filter=${_filter} LABELS "train;precision" TIMEOUT 400)
 endforeach()
