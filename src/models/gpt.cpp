@@ -309,13 +309,19 @@ at::Tensor GPT::forward(const at::Tensor& input) {
   at::Tensor x = embedding_ ? embedding_->forward(input) : input;
   for (size_t i = 0; i < blocks_.size(); ++i) {
     const std::shared_ptr<GPTBlock>& block = blocks_[i];
-    if (config_.recompute.recompute_block(part_.first_layer + static_cast<int64_t>(i))) {
+    const int64_t layer = part_.first_layer + static_cast<int64_t>(i);
+    parallel::BlockFn run;
+    if (config_.recompute.recompute_block(layer)) {
       // Keep only the block's input; its forward runs again in backward with
       // the same dropout masks (Note [Recompute replay]).
-      x = recompute::run([block](const at::Tensor& h) { return block->forward(h); }, x, {.rng_trackers = {rng_}});
+      run = [block, rng = rng_](const at::Tensor& h) {
+        return recompute::run([block](const at::Tensor& in) { return block->forward(in); }, h,
+                              {.rng_trackers = {rng}});
+      };
     } else {
-      x = block->forward(x);
+      run = [block](const at::Tensor& h) { return block->forward(h); };
     }
+    x = block_hooks_ ? block_hooks_->run_block(layer, x, run) : run(x);
   }
   return head_ ? head_->forward(x) : x;
 }

@@ -44,6 +44,7 @@
 #include <string>
 #include <vector>
 
+#include "torus/parallel/block_hooks.h"
 #include "torus/parallel/groups.h"
 #include "torus/parallel/tensor/layers.h"
 #include "torus/parallel/tensor/random.h"
@@ -213,6 +214,9 @@ class GPT : public torch::nn::Module {
   const std::vector<std::shared_ptr<GPTBlock>>& blocks() const { return blocks_; }
   const std::shared_ptr<GPTHead>& head() const { return head_; }  // null if not in part
   int64_t padded_vocab() const { return padded_vocab_; }
+  // Hooks around every block's forward (parallel/block_hooks.h: ZeRO-3
+  // gathers a block's parameters there); null: none.
+  void set_block_hooks(std::shared_ptr<parallel::BlockHooks> hooks) { block_hooks_ = std::move(hooks); }
 
  private:
   GPTConfig config_;
@@ -223,6 +227,7 @@ class GPT : public torch::nn::Module {
   std::shared_ptr<GPTEmbedding> embedding_;
   std::vector<std::shared_ptr<GPTBlock>> blocks_;
   std::shared_ptr<GPTHead> head_;
+  std::shared_ptr<parallel::BlockHooks> block_hooks_;
 };
 
 }  // namespace torus::models

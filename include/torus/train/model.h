@@ -27,7 +27,7 @@
 //  * Block boundaries: block_layers() lists the global indices of the blocks
 //    a stage holds — the units activation recompute wraps (the model applies
 //    the recompute policy it was built with at those boundaries) and that
-//    ZeRO-3 will gather.
+//    ZeRO-3 gathers (StageParameter::block, set_block_hooks).
 //  * Errors: validate() throws InvalidArgument before any communication when
 //    the model cannot be laid out so; build_stage() does not communicate.
 #pragma once
@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "torus/comm/process_group.h"
+#include "torus/parallel/block_hooks.h"
 #include "torus/parallel/groups.h"
 #include "torus/parallel/tensor/sharding.h"
 #include "torus/train/run_config.h"
@@ -61,6 +62,10 @@ struct StageParameter {
   std::string tie_key;
   bool tie_copy = false;     // a copy that is not the owner: clipping does not count it
   bool weight_decay = true;  // matrices and embeddings decay; gains and biases do not
+  // The global index of the block (block_layers()) the parameter belongs to;
+  // -1 for parameters outside blocks (embeddings, final norm, head). ZeRO-3
+  // gathers parameters block by block.
+  int64_t block = -1;
 };
 
 class StageModule {
@@ -76,6 +81,10 @@ class StageModule {
   // name. Collective over `tp` (null: one rank).
   virtual std::map<std::string, at::Tensor> gather_full_parameters(const comm::ProcessGroupPtr& tp) const = 0;
   virtual std::vector<int64_t> block_layers() const = 0;
+  // Installs hooks around every block's forward (parallel/block_hooks.h);
+  // returns false when the model does not support them (then ZeRO-3 keeps
+  // the whole stage gathered). Null removes them.
+  virtual bool set_block_hooks(std::shared_ptr<parallel::BlockHooks> hooks) = 0;
   // The stage's dropout streams (random.h RngTracker), by stream name
   // ("replicated", "sharded": the latter differs per TP rank), and setting
   // them back (state_dict / load_state_dict of the engine).

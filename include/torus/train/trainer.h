@@ -66,6 +66,7 @@
 #include "torus/parallel/pipeline/executor.h"
 #include "torus/parallel/pipeline/schedule.h"
 #include "torus/amp/loss_scaler.h"
+#include "torus/parallel/data/zero.h"
 #include "torus/train/model.h"
 
 namespace torus::train {
@@ -125,6 +126,12 @@ struct TrainerOptions {
   // LibTorch autocast over the forward (f32 parameters, half activations
   // where autocast chooses): the dtype, or undefined for none.
   std::optional<c10::ScalarType> autocast;
+  // ZeRO over dp (parallel/data/zero.h, docs/zero.md): 0 = plain data
+  // parallelism; 1 = optimizer state and fp32 masters sharded; 2 = +
+  // gradients; 3 = + parameters, gathered per block.
+  int zero_stage = 0;
+  dp::Offload offload = dp::Offload::kNone;  // zero_stage >= 1 (optimizer+params: 3)
+  int zero_prefetch = 1;                     // stage 3: blocks gathered ahead
   // Testing: on this world rank, at this step (1-based), one gradient
   // element is set to inf after the backward (fp16 overflow injection).
   int inject_overflow_rank = -1;

@@ -39,6 +39,7 @@ class GPTStage : public StageModule {
         p.tie_copy = true;
       }
       if (tied_owner_stage_ && p.name == "embedding.word.weight") p.tie_key = kTieKey;
+      if (p.name.rfind("blocks.", 0) == 0) p.block = std::stoll(p.name.substr(7, p.name.find('.', 7) - 7));
       out.push_back(std::move(p));
     }
     return out;
@@ -55,6 +56,10 @@ class GPTStage : public StageModule {
     return out;
   }
   void set_first_layer(int64_t first) { first_layer_ = first; }
+  bool set_block_hooks(std::shared_ptr<parallel::BlockHooks> hooks) override {
+    gpt_->set_block_hooks(std::move(hooks));
+    return true;
+  }
 
   std::map<std::string, at::Tensor> rng_state() const override {
     const tp::RngTracker::State st = gpt_->rng()->get_state();
