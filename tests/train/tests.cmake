@@ -29,3 +29,19 @@ foreach(_case 1:HalfPrecision.* 2:EngineState.* 8:Fp16Overflow.*)
   torus_add_mpi_test(NAME train_engine_np${_np} TARGET torus_engine_precision_tests NP ${_np}
                      ARGS --gtest_filter=${_filter} LABELS "train;precision" TIMEOUT 400)
 endforeach()
+
+# ZeRO stages 1-3 against plain data parallelism (zero_test.cpp), by world
+# size: np2 dp2 (+ recompute, bf16, an fp16 overflow on one dp rank), np3
+# dp3, np4 dp4 / tp2 x dp2 with SP / pp2 x dp2 with 1F1B, ZB-H1 and
+# interleaved.
+add_executable(torus_zero_tests ${CMAKE_CURRENT_LIST_DIR}/zero_test.cpp)
+target_link_libraries(torus_zero_tests PRIVATE torus_test_main torus)
+foreach(_case "2:Zero.MatchesDataParallelOnDp:Zero.RecomputeGathersAgain:Zero.BFloat16*:Zero.Fp16*:Zero.Bad*"
+              "3:Zero.MatchesDataParallelOnDp" "4:Zero.MatchesDataParallelOnDp:Zero.TensorParallel*:Zero.Pipeline*")
+  string(FIND "${_case}" ":" _colon)
+  string(SUBSTRING "${_case}" 0 ${_colon} _np)
+  math(EXPR _rest "${_colon} + 1")
+  string(SUBSTRING "${_case}" ${_rest} -1 _filter)
+  torus_add_mpi_test(NAME train_zero_np${_np} TARGET torus_zero_tests NP ${_np}
+                     ARGS --gtest_filter=${_filter} LABELS "train;zero" TIMEOUT 600)
+endforeach()

@@ -159,6 +159,11 @@ struct StateTensor {
   at::Tensor tensor;
   tp::ShardSpec spec;     // the TP layout of a model tensor and of its optimizer state
   bool per_rank = false;  // differs on every rank of a replica (a sharded dropout stream)
+  // ZeRO: >= 0 when `tensor` is the 1-D range [flat_offset, flat_offset +
+  // numel) of the flattened tensor of shape flat_shape — this rank's TP
+  // shard of the parameter (spec) — instead of that whole tensor.
+  int64_t flat_offset = -1;
+  std::vector<int64_t> flat_shape;
 };
 using StateDict = std::map<std::string, StateTensor>;
 
@@ -199,6 +204,10 @@ class Trainer {
   //   scaler.<key>               the loss scaler (f16)
   //   rng.stage<k>.<stream>      dropout streams of each stage this rank holds
   //   engine.step                train_step calls so far
+  // Under ZeRO the optimizer state of a parameter (and at stage 3 the
+  // parameter itself) is this rank's segment of it, described by
+  // StateTensor::flat_offset/flat_shape; parameters with no element in this
+  // rank's shards have no optim.* keys here.
   // Tensors alias the live state: clone to keep a snapshot. Not collective.
   StateDict state_dict() const;
   // Loads a state_dict() of the same layout. Every key, shape and dtype is
@@ -218,6 +227,9 @@ class Trainer {
   const pp::Schedule& schedule() const;
   // Which part of the model each stage holds ("embedding + blocks 0-1").
   std::vector<std::string> describe_stages() const;
+  // ZeRO of each chunk this rank holds (empty without ZeRO): memory and
+  // communication figures (benchmarks, tests).
+  std::vector<const dp::Zero*> zero_syncs() const;
   // The executor's result of the last step on this rank.
   const pp::StepResult& last_pipeline_result() const;
   int64_t steps_taken() const;

@@ -20,6 +20,7 @@
 #include "torus/optim/clip.h"
 #include "torus/optim/optimizer.h"
 #include "torus/parallel/data/ddp.h"
+#include "torus/parallel/data/zero.h"
 #include "torus/parallel/groups.h"
 #include "torus/parallel/pipeline/executor.h"
 #include "torus/parallel/tensor/sharding.h"
@@ -89,7 +90,10 @@ struct Trainer::Impl : public pp::StageCallbacks {
   int P = 1, V = 1, S = 1, rank = 0;
 
   std::vector<std::unique_ptr<StageModule>> chunks;
-  std::vector<std::unique_ptr<dp::GradSync>> syncs;  // per chunk, null if nothing to reduce
+  std::vector<std::unique_ptr<dp::GradSync>> syncs;  // per chunk: DDP, null if nothing to reduce
+  std::vector<std::shared_ptr<dp::Zero>> zeros;      // per chunk: ZeRO (zero_stage >= 1), else null
+  std::unordered_map<const void*, at::Tensor> segment_grads;  // ZeRO segment value -> its reduced gradient
+  comm::ProcessGroupPtr norm_group;  // the global norm's reduction: pp x tp, the world under ZeRO
   std::unique_ptr<optim::Optimizer> optimizer;
   std::vector<optim::GradNormEntry> norm_entries;
   std::unordered_map<const void*, dp::GradSync*> sync_of;  // parameter -> the GradSync holding its gradient
@@ -169,8 +173,9 @@ struct Trainer::Impl : public pp::StageCallbacks {
   // silently.
   void set_sync_for_pass(int chunk, std::vector<int>& passes) {
     const int done = ++passes.at(chunk);
-    auto& sync = syncs.at(chunk);
-    if (sync && options.overlap_grad_sync) sync->set_sync_enabled(done == layout.num_micro);
+    if (!options.overlap_grad_sync) return;
+    if (auto& sync = syncs.at(chunk)) sync->set_sync_enabled(done == layout.num_micro);
+    if (auto& zero = zeros.at(chunk)) zero->set_sync_enabled(done == layout.num_micro);
   }
 
   // Split backward (Note [Deferred weight gradients]): the input-gradient
@@ -238,6 +243,8 @@ struct Trainer::Impl : public pp::StageCallbacks {
 
   // The gradient the optimizer reads for p (a main-gradient slice or p.grad).
   at::Tensor grad_of(const at::Tensor& p) const {
+    auto seg = segment_grads.find(p.unsafeGetTensorImpl());
+    if (seg != segment_grads.end()) return seg->second;
     auto it = sync_of.find(p.unsafeGetTensorImpl());
     return it == sync_of.end() ? p.grad() : it->second->grad(p);
   }
@@ -253,9 +260,10 @@ struct Trainer::Impl : public pp::StageCallbacks {
 
   void zero_grads() {
     for (size_t c = 0; c < chunks.size(); ++c) {
+      if (zeros[c]) zeros[c]->clear_grads();
       if (syncs[c]) {
         syncs[c]->clear_grads();  // backward copies each gradient in: one pass
-      } else {
+      } else if (!zeros[c]) {
         for (auto& p : chunks[c]->module()->parameters()) {
           if (p.grad().defined()) p.mutable_grad().zero_();
         }
@@ -289,6 +297,15 @@ Trainer::Trainer(comm::ProcessGroupPtr world, std::shared_ptr<const Model> model
               InvalidArgument,
               "Trainer: bad optimizer settings (lr {}, weight_decay {}, betas ({}, {}), eps {}, grad_clip {})",
               optim.lr, optim.weight_decay, optim.beta1, optim.beta2, optim.eps, optim.grad_clip);
+  TORUS_CHECK(options.zero_stage >= 0 && options.zero_stage <= 3, InvalidArgument,
+              "Trainer: zero_stage must be 0, 1, 2 or 3, got {}", options.zero_stage);
+  TORUS_CHECK(options.offload == dp::Offload::kNone || options.zero_stage >= 1, InvalidArgument,
+              "Trainer: offload '{}' needs ZeRO (zero_stage >= 1)", dp::offload_name(options.offload));
+  TORUS_CHECK(options.offload != dp::Offload::kOptimizerAndParams || options.zero_stage == 3, InvalidArgument,
+              "Trainer: offload '{}' needs zero_stage 3, got {}", dp::offload_name(options.offload),
+              options.zero_stage);
+  TORUS_CHECK(options.zero_prefetch >= 0, InvalidArgument, "Trainer: zero_prefetch must be >= 0, got {}",
+              options.zero_prefetch);
   m.layout = layout_;
   m.optim = optim;
   m.options = options;
@@ -340,9 +357,41 @@ Trainer::Trainer(comm::ProcessGroupPtr world, std::shared_ptr<const Model> model
   m.half = dtype == at::kHalf || dtype == at::kBFloat16;
   const bool main_grads = m.half && !options.grads_in_param_dtype;
   if (dtype == at::kHalf) m.scaler.emplace(options.loss_scaler);
+  const int zero_stage = options.zero_stage;
   for (int c = 0; c < m.V; ++c) {
+    // ZeRO takes every parameter but the copies of a parameter tied across
+    // stages (their gradients are added with the other stage's, so they stay
+    // whole, in a DDP).
+    std::vector<StageParameter> ddp_params;
+    std::shared_ptr<dp::Zero> zero;
+    if (zero_stage >= 1) {
+      const bool hooks = zero_stage == 3 && m.chunks[c]->set_block_hooks(nullptr);
+      std::vector<dp::ZeroParameter> zp;
+      for (const auto& p : m.chunks[c]->parameters()) {
+        if (!p.tie_key.empty()) {
+          ddp_params.push_back(p);
+          continue;
+        }
+        zp.push_back({p.name, p.tensor, p.spec, hooks ? p.block : -1, p.weight_decay});
+      }
+      if (zero_stage == 3 && !hooks) {
+        TORUS_LOG_WARN("trainer: the model does not support block hooks; ZeRO-3 keeps its parameters gathered");
+      }
+      dp::ZeroOptions zo;
+      zo.stage = zero_stage;
+      if (main_grads) zo.grad_dtype = at::kFloat;
+      zo.offload = options.offload;
+      zo.prefetch = options.zero_prefetch;
+      zero = std::make_shared<dp::Zero>(std::move(zp), m.groups, zo);
+      if (hooks) m.chunks[c]->set_block_hooks(zero);
+      for (const auto& s : zero->segments()) m.segment_grads[s.value.unsafeGetTensorImpl()] = s.grad;
+    } else {
+      ddp_params = m.chunks[c]->parameters();
+    }
+    m.zeros.push_back(zero);
     std::unique_ptr<dp::GradSync> sync;
-    if (m.groups.dp_size() > 1 || (m.groups.tp_size() > 1 && layout_.sequence_parallel) || main_grads) {
+    if (!ddp_params.empty() &&
+        (m.groups.dp_size() > 1 || (m.groups.tp_size() > 1 && layout_.sequence_parallel) || main_grads)) {
       dp::DDPOptions o;
       o.bucket_cap_bytes = options.bucket_cap_bytes;
       o.overlap = options.overlap_grad_sync;
@@ -350,9 +399,9 @@ Trainer::Trainer(comm::ProcessGroupPtr world, std::shared_ptr<const Model> model
       o.broadcast_parameters = false;  // layout-independent init: dp replicas start equal
       if (main_grads) o.grad_dtype = at::kFloat;
       std::vector<dp::NamedParameter> named;
-      for (const auto& p : m.chunks[c]->parameters()) named.push_back({p.name, p.tensor, p.spec});
+      for (const auto& p : ddp_params) named.push_back({p.name, p.tensor, p.spec});
       sync = std::make_unique<dp::DistributedDataParallel>(std::move(named), m.groups, o);
-      for (const auto& p : m.chunks[c]->parameters()) m.sync_of[p.tensor.unsafeGetTensorImpl()] = sync.get();
+      for (const auto& p : ddp_params) m.sync_of[p.tensor.unsafeGetTensorImpl()] = sync.get();
     }
     m.syncs.push_back(std::move(sync));
   }
@@ -360,21 +409,42 @@ Trainer::Trainer(comm::ProcessGroupPtr world, std::shared_ptr<const Model> model
   // Optimizer groups: the model says which parameters decay. Clipping counts
   // shards everywhere, TP-replicated parameters on TP rank 0, copies of a
   // tied parameter nowhere (the owner counts it).
+  // Under ZeRO the optimizer sees this rank's segments (zero.h), whose
+  // elements are spread over dp: the norm is then reduced over the world,
+  // and whole parameters (tied copies) are counted on dp rank 0 only.
   optim::ParamGroup decay, no_decay;
   decay.weight_decay = optim.weight_decay;
   no_decay.weight_decay = 0.0;
-  for (const auto& chunk : m.chunks) {
-    for (const auto& p : chunk->parameters()) {
+  m.norm_group = zero_stage >= 1 ? m.world : m.mp_group;
+  for (int c = 0; c < m.V; ++c) {
+    const auto& zero = m.zeros[c];
+    if (zero) {
+      for (const auto& s : zero->segments()) {
+        optim::ParamGroup& g = s.weight_decay ? decay : no_decay;
+        g.params.push_back(s.value);
+        g.names.push_back(s.name);
+        m.norm_entries.push_back({s.value, s.counted});
+        m.all_params.push_back(s.value);
+      }
+    }
+    for (const auto& p : m.chunks[c]->parameters()) {
+      if (zero && zero->holds(p.tensor)) continue;
       optim::ParamGroup& g = p.weight_decay ? decay : no_decay;
       g.params.push_back(p.tensor);
       g.names.push_back(p.name);
-      const bool counted = !p.tie_copy && (p.spec.sharded() || m.groups.tp_rank() == 0);
+      const bool counted = !p.tie_copy && (p.spec.sharded() || m.groups.tp_rank() == 0) &&
+                           (zero_stage == 0 || m.groups.dp_rank() == 0);
       m.norm_entries.push_back({p.tensor, counted});
       m.all_params.push_back(p.tensor);
     }
   }
   optim::OptimizerSpec spec;
   spec.name = optim.name;
+  // Offloaded optimizer state is updated on the host by the vectorised CPU
+  // Adam (optim/cpu_adam.h).
+  if (options.offload != dp::Offload::kNone && (optim.name == "adam" || optim.name == "adamw")) {
+    spec.name = "cpu_" + optim.name;
+  }
   spec.lr = optim.lr;
   spec.beta1 = optim.beta1;
   spec.beta2 = optim.beta2;
@@ -418,6 +488,9 @@ StepStats Trainer::train_step(const at::Tensor& batch, double lr) {
   for (auto& sync : m.syncs) {
     if (sync) sync->set_sync_enabled(false);
   }
+  for (auto& zero : m.zeros) {
+    if (zero) zero->set_sync_enabled(false);
+  }
   std::fill(m.weight_passes.begin(), m.weight_passes.end(), 0);
   std::fill(m.input_passes.begin(), m.input_passes.end(), 0);
   m.saved.clear();
@@ -427,11 +500,19 @@ StepStats Trainer::train_step(const at::Tensor& batch, double lr) {
   const auto t_pipe = Clock::now();
 
   // 3. Finish the DP reductions (started from the last backward's hooks).
+  for (auto& zero : m.zeros) {
+    if (!zero) continue;
+    zero->set_sync_enabled(true);
+    zero->start();
+  }
   for (auto& sync : m.syncs) {
     if (!sync) continue;
     sync->set_sync_enabled(true);
     sync->start();
     sync->finish();
+  }
+  for (auto& zero : m.zeros) {
+    if (zero) zero->finish();
   }
   // 4. Tied parameters: the owner and its copy add their gradients.
   if (m.emb_group) {
@@ -464,9 +545,12 @@ StepStats Trainer::train_step(const at::Tensor& batch, double lr) {
   // 6. Global norm, clipping, one optimizer step.
   for (auto& e : m.norm_entries) e.grad = m.grad_of(e.param);
   optim::ClipResult clip;
-  if (!st.overflow) clip = optim::clip_grad_norm(m.norm_entries, m.optim.grad_clip, m.mp_group);
+  if (!st.overflow) clip = optim::clip_grad_norm(m.norm_entries, m.optim.grad_clip, m.norm_group);
   if (!st.overflow && clip.finite) {
     m.optimizer->step(step_lr);
+    for (auto& zero : m.zeros) {
+      if (zero) zero->publish_parameters();
+    }
   } else {
     st.skipped = true;
     ++m.skipped_steps;
@@ -522,8 +606,14 @@ double Trainer::evaluate(const at::Tensor& batch) {
 
 std::map<std::string, at::Tensor> Trainer::gather_local_parameters() const {
   std::map<std::string, at::Tensor> out;
+  for (const auto& z : impl_->zeros) {
+    if (z) z->gather_all();  // stage 3: every block materialised for the read
+  }
   for (const auto& c : impl_->chunks) {
-    for (auto& [name, t] : c->gather_full_parameters(impl_->groups.tp)) out[name] = t;
+    for (auto& [name, t] : c->gather_full_parameters(impl_->groups.tp)) out[name] = t.clone();
+  }
+  for (const auto& z : impl_->zeros) {
+    if (z) z->release_all();
   }
   return out;
 }
@@ -532,10 +622,18 @@ StateDict Trainer::state_dict() const {
   const Impl& m = *impl_;
   StateDict out;
   std::map<std::string, tp::ShardSpec> specs;
+  std::map<std::string, const dp::ZeroSegment*> segments;  // ZeRO: this rank's segment of a parameter
   for (int c = 0; c < m.V; ++c) {
+    const auto& zero = m.zeros[c];
     for (const auto& p : m.chunks[c]->parameters()) {
-      out["model." + p.name] = {p.tensor, p.spec, false};
       specs[p.name] = p.spec;
+      const dp::ZeroSegment* seg = zero ? zero->segment_of(p.tensor) : nullptr;
+      if (seg) segments[p.name] = seg;
+      if (zero && zero->param_sharded(p.tensor)) {
+        if (seg) out["model." + p.name] = {seg->value, p.spec, false, seg->offset, seg->shard_shape};
+        continue;
+      }
+      out["model." + p.name] = {p.tensor, p.spec, false};
     }
     for (const auto& [stream, t] : m.chunks[c]->rng_state()) {
       out[fmt::format("rng.stage{}.{}", m.stage_of(c), stream)] = {t, {}, stream == "sharded"};
@@ -549,6 +647,11 @@ StateDict Trainer::state_dict() const {
     if (dot != std::string::npos) {
       auto it = specs.find(key.substr(0, dot));
       if (it != specs.end() && t.dim() > 0) st.spec = it->second;
+      auto seg = segments.find(key.substr(0, dot));
+      if (seg != segments.end() && t.dim() > 0) {
+        st.flat_offset = seg->second->offset;
+        st.flat_shape = seg->second->shard_shape;
+      }
     }
     out["optim." + key] = st;
   }
@@ -584,11 +687,15 @@ void Trainer::load_state_dict(const StateDict& state) {
   }
   m.optimizer->load_state_dict(optim_state);  // checks its own keys before changing anything
   at::NoGradGuard no_grad;
+  for (const auto& [key, t] : mine) {
+    if (key.rfind("model.", 0) != 0) continue;
+    at::Tensor dst = t.tensor;  // the live parameter, or its ZeRO segment
+    dst.copy_(state.at(key).tensor);
+  }
+  for (const auto& z : m.zeros) {
+    if (z) z->after_load();
+  }
   for (int c = 0; c < m.V; ++c) {
-    for (const auto& p : m.chunks[c]->parameters()) {
-      at::Tensor dst = p.tensor;
-      dst.copy_(state.at("model." + p.name).tensor);
-    }
     std::map<std::string, at::Tensor> rng;
     for (const auto& [stream, t] : m.chunks[c]->rng_state()) {
       rng[stream] = state.at(fmt::format("rng.stage{}.{}", m.stage_of(c), stream)).tensor;
@@ -617,6 +724,13 @@ bool Trainer::is_logging_rank() const {
 const comm::DeviceMesh& Trainer::mesh() const { return *impl_->mesh; }
 const pp::Schedule& Trainer::schedule() const { return impl_->schedule; }
 const pp::StepResult& Trainer::last_pipeline_result() const { return impl_->last_result; }
+std::vector<const dp::Zero*> Trainer::zero_syncs() const {
+  std::vector<const dp::Zero*> out;
+  for (const auto& z : impl_->zeros) {
+    if (z) out.push_back(z.get());
+  }
+  return out;
+}
 int64_t Trainer::steps_taken() const { return impl_->steps; }
 
 std::vector<std::string> Trainer::describe_stages() const { return model_->describe_stages(impl_->model_layout); }

@@ -156,6 +156,15 @@ class Zero : public GradSync, public parallel::BlockHooks {
   const ZeroOptions& options() const { return options_; }
   const std::vector<ZeroSegment>& segments() const { return segments_; }
   bool holds(const at::Tensor& param) const;
+  // True when the parameter's values live only in shards outside gathered
+  // windows (stage 3 blocks): its state is then this rank's segment.
+  bool param_sharded(const at::Tensor& param) const;
+  // This rank's segment of the parameter, or null when its shard holds none.
+  const ZeroSegment* segment_of(const at::Tensor& param) const;
+  // After new values were written into parameters (kept-gathered units) or
+  // segment values (sharded ones): makes the other copy agree (host mirrors
+  // with offload). Not collective.
+  void after_load();
 
   // GradSync.
   void set_sync_enabled(bool enabled) override;
