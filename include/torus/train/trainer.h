@@ -163,7 +163,7 @@ struct StateTensor {
   // numel) of the flattened tensor of shape flat_shape — this rank's TP
   // shard of the parameter (spec) — instead of that whole tensor.
   int64_t flat_offset = -1;
-  std::vector<int64_t> flat_shape;
+  std::vector<int64_t> flat_shape{};
 };
 using StateDict = std::map<std::string, StateTensor>;
 

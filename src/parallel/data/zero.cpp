@@ -213,7 +213,8 @@ void Zero::init(std::vector<ZeroParameter> params) {
     for (size_t j = 0; j < u.params.size(); ++j) {
       at::Tensor& t = params_[u.params[j]].tensor;
       at::Tensor view = u.param_flat.narrow(0, u.offsets[j], t.numel());
-      view.copy_(t.reshape({-1}));
+      at::Tensor out = view.view(t.sizes());
+      if (!(options_.materialize && options_.materialize(t, out))) view.copy_(t.reshape({-1}));
       t.set_data(view.view(t.sizes()));  // the parameter is now a view of the flat buffer
     }
     at::Tensor own = u.param_flat.narrow(0, static_cast<int64_t>(u.r) * u.shard, u.shard);
@@ -245,8 +246,11 @@ void Zero::init(std::vector<ZeroParameter> params) {
       if (up->holds > 0) --up->holds;
       if (up->holds == 0) release(*up);
     };
-    memory_.params += u.keep_gathered ? u.param_bytes() : u.param_shard.nbytes();
-    memory_.grads += u.grad_shard.nbytes() + (u.grad_full.defined() ? u.grad_full.nbytes() : 0);
+    memory_.numel += n;
+    (u.keep_gathered ? memory_.param_full : memory_.param_shards) +=
+        u.keep_gathered ? u.param_bytes() : static_cast<int64_t>(u.param_shard.nbytes());
+    memory_.grad_shards += static_cast<int64_t>(u.grad_shard.nbytes());
+    if (u.grad_full.defined()) memory_.grad_full += static_cast<int64_t>(u.grad_full.nbytes());
   }
 
   // Segments: the pieces of parameters inside this rank's shard of each unit.
@@ -293,6 +297,7 @@ void Zero::init(std::vector<ZeroParameter> params) {
     hook_keys_.push_back(acc->add_post_hook(std::make_unique<ReadyHook>([this, i] { on_grad_ready(i); })));
     accumulators_.push_back(std::move(acc));
   }
+  options_.materialize = nullptr;  // construction only
   TORUS_LOG_DEBUG("ZeRO-{}: {} parameters in {} units, {} segments on this rank", options_.stage, params_.size(),
                   units_.size(), segments_.size());
 }
@@ -450,8 +455,8 @@ void Zero::finish() {
     }
     if (u->host_grad.defined()) u->host_grad.copy_(u->grad_shard);
     // Stage 3: a window left open (a block whose input needed no gradient)
-    // closes with the step.
-    if (!u->keep_gathered && u->holds > 0) {
+    // closes with the step, and so does a prefetch nobody used.
+    if (!u->keep_gathered) {
       u->holds = 0;
       release(*u);
     }

@@ -3,6 +3,7 @@
 #include "torus/parallel/tensor/sharding.h"
 
 #include <ATen/Functions.h>
+#include <c10/core/StorageImpl.h>
 #include <torch/nn/module.h>
 
 #include "core/log.h"
@@ -44,7 +45,63 @@ int64_t pad_vocab(int64_t vocab, int tp_size, int64_t multiple) {
   return (vocab + m - 1) / m * m;
 }
 
+namespace {
+
+thread_local DeferredInit* t_recorder = nullptr;
+
+at::Tensor draw_shard(at::IntArrayRef full_shape, const ShardSpec& spec, int64_t padded, const InitSpec& init,
+                      int tp_rank, int tp_size, const at::TensorOptions& options);
+
+}  // namespace
+
+DeferredInit::Scope::Scope(DeferredInit& init) : previous_(t_recorder) { t_recorder = &init; }
+DeferredInit::Scope::~Scope() { t_recorder = previous_; }
+
+bool DeferredInit::deferred(const at::Tensor& param) const {
+  return param.defined() && recipes_.count(param.unsafeGetTensorImpl()) > 0;
+}
+
+void DeferredInit::materialize(const at::Tensor& param, at::Tensor& out) const {
+  auto it = recipes_.find(param.unsafeGetTensorImpl());
+  TORUS_CHECK(it != recipes_.end(), InvalidArgument, "DeferredInit: the tensor was not created while recording");
+  const Recipe& r = it->second;
+  at::Tensor drawn = draw_shard(r.full_shape, r.spec, r.padded, r.init, r.tp_rank, r.tp_size, r.options);
+  TORUS_CHECK(drawn.numel() == out.numel(), InvalidArgument, "DeferredInit: {} elements into a tensor of {}",
+              drawn.numel(), out.numel());
+  at::NoGradGuard no_grad;
+  out.copy_(drawn.view(out.sizes()));
+}
+
+void DeferredInit::materialize(at::Tensor& param) const {
+  at::Tensor values = at::empty(param.sizes(), param.options().requires_grad(false));
+  materialize(param, values);
+  at::NoGradGuard no_grad;
+  param.set_data(values);
+}
+
 at::Tensor init_shard(at::IntArrayRef full_shape, const ShardSpec& spec, int64_t padded, const InitSpec& init,
+                      int tp_rank, int tp_size, const at::TensorOptions& options) {
+  if (t_recorder == nullptr) return draw_shard(full_shape, spec, padded, init, tp_rank, tp_size, options);
+  // Note [Deferred initialisation]: the shard's shape, with storage released.
+  std::vector<int64_t> shape(full_shape.begin(), full_shape.end());
+  if (spec.sharded()) {
+    TORUS_CHECK(spec.dim < static_cast<int>(shape.size()), InvalidArgument, "init_shard: shard dim {} of a {}-d tensor",
+                spec.dim, shape.size());
+    shape[spec.dim] = shard_range(padded, tp_rank, tp_size).size;
+  }
+  at::Tensor t = at::empty(shape, options);
+  c10::StorageImpl* st = t.storage().unsafeGetStorageImpl();
+  st->set_data_ptr_noswap(at::DataPtr(nullptr, t.device()));
+  st->set_nbytes(0);
+  t_recorder->recipes_[t.unsafeGetTensorImpl()] =
+      DeferredInit::Recipe{std::vector<int64_t>(full_shape.begin(), full_shape.end()), spec, padded, init, tp_rank,
+                           tp_size, options};
+  return t;
+}
+
+namespace {
+
+at::Tensor draw_shard(at::IntArrayRef full_shape, const ShardSpec& spec, int64_t padded, const InitSpec& init,
                       int tp_rank, int tp_size, const at::TensorOptions& options) {
   const auto dtype = c10::typeMetaToScalarType(options.dtype());
   // Drawn on the CPU in f32 (f64 for f64 models), whatever the target type:
@@ -80,6 +137,8 @@ at::Tensor init_shard(at::IntArrayRef full_shape, const ShardSpec& spec, int64_t
   }
   return full.to(options.device(), dtype, /*non_blocking=*/false, /*copy=*/true).contiguous();
 }
+
+}  // namespace
 
 at::Tensor gather_full(const at::Tensor& shard, const ShardSpec& spec, const comm::ProcessGroupPtr& tp) {
   if (!spec.sharded()) return shard.detach();

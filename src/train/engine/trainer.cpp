@@ -331,7 +331,15 @@ Trainer::Trainer(comm::ProcessGroupPtr world, std::shared_ptr<const Model> model
   m.mp_group = m.mesh->group(std::vector<std::string>{"pp", "tp"});
   m.eval_group = m.pp_group->split(0, m.rank, "pp.eval");
 
-  for (int c = 0; c < m.V; ++c) m.chunks.push_back(model_->build_stage(m.stage_of(c), m.model_layout, m.groups));
+  // ZeRO-3 builds the stages without drawing their parameters; the units
+  // draw them one at a time (Note [Deferred initialisation]), so that no
+  // rank holds its whole model replica.
+  tp::DeferredInit deferred;
+  {
+    std::optional<tp::DeferredInit::Scope> scope;
+    if (options.zero_stage == 3) scope.emplace(deferred);
+    for (int c = 0; c < m.V; ++c) m.chunks.push_back(model_->build_stage(m.stage_of(c), m.model_layout, m.groups));
+  }
 
   // Parameters held by two stages (tie_key): the ranks of the copies in
   // each dp x tp coordinate form a group (split is collective over the world).
@@ -382,6 +390,14 @@ Trainer::Trainer(comm::ProcessGroupPtr world, std::shared_ptr<const Model> model
       if (main_grads) zo.grad_dtype = at::kFloat;
       zo.offload = options.offload;
       zo.prefetch = options.zero_prefetch;
+      zo.materialize = [&deferred](const at::Tensor& p, at::Tensor& out) {
+        if (!deferred.deferred(p)) return false;
+        deferred.materialize(p, out);
+        return true;
+      };
+      for (auto& p : ddp_params) {
+        if (deferred.deferred(p.tensor)) deferred.materialize(p.tensor);  // kept whole: drawn whole
+      }
       zero = std::make_shared<dp::Zero>(std::move(zp), m.groups, zo);
       if (hooks) m.chunks[c]->set_block_hooks(zero);
       for (const auto& s : zero->segments()) m.segment_grads[s.value.unsafeGetTensorImpl()] = s.grad;
@@ -397,6 +413,8 @@ Trainer::Trainer(comm::ProcessGroupPtr world, std::shared_ptr<const Model> model
       o.overlap = options.overlap_grad_sync;
       o.finish_in_backward = false;
       o.broadcast_parameters = false;  // layout-independent init: dp replicas start equal
+      // Shared host buckets serve the ofi backend's zero-copy path only.
+      o.shared_host_buckets = m.world->host_backend()->name() == "ofi";
       if (main_grads) o.grad_dtype = at::kFloat;
       std::vector<dp::NamedParameter> named;
       for (const auto& p : ddp_params) named.push_back({p.name, p.tensor, p.spec});

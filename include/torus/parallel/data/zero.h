@@ -69,6 +69,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -107,6 +108,12 @@ struct ZeroOptions {
   Offload offload = Offload::kNone;
   int max_inflight = 2;  // stages 2-3: reduce-scatters in flight before the oldest is waited for
   int prefetch = 1;      // stage 3: blocks gathered ahead of the one running
+  // Construction without the whole model (Note [Deferred initialisation] in
+  // sharding.h): when set and it returns true, it has written the values of
+  // a parameter whose storage holds nothing yet into the unit's buffer
+  // (`out`); otherwise the parameter's own values are copied. Used during
+  // construction only.
+  std::function<bool(const at::Tensor& param, at::Tensor& out)> materialize;
 };
 
 struct ZeroParameter {
@@ -191,8 +198,11 @@ class Zero : public GradSync, public parallel::BlockHooks {
   // Bytes this rank keeps, by kind (the persistent buffers; transient
   // buffers are reported by peak_transient_bytes).
   struct Memory {
-    int64_t params = 0;          // parameter storage (full at stages 1-2, shards at 3) + kept-gathered units
-    int64_t grads = 0;           // full gradient buffers (stage 1) and gradient shards
+    int64_t numel = 0;           // parameter elements in units (Ψ of this rank's chunk, unpadded)
+    int64_t param_full = 0;      // full flat parameter buffers kept: every unit at stages 1-2, units outside blocks at 3
+    int64_t param_shards = 0;    // stage 3: the blocks' parameter shards
+    int64_t grad_full = 0;       // stage 1: full gradient buffers
+    int64_t grad_shards = 0;     // gradient shards
     int64_t gathered_peak = 0;   // stage 3: most bytes of gathered block buffers at once
     int64_t transient_peak = 0;  // stages 2-3: most bytes of transient full gradient buffers at once
   };

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "torus/comm/process_group.h"
@@ -77,6 +78,48 @@ struct InitSpec {
 // contiguous, on `options.device()`.
 at::Tensor init_shard(at::IntArrayRef full_shape, const ShardSpec& spec, int64_t padded, const InitSpec& init,
                       int tp_rank, int tp_size, const at::TensorOptions& options);
+
+// Note [Deferred initialisation]: while a DeferredInit::Scope is alive on
+// this thread, init_shard draws nothing: it returns a tensor of the shard's
+// shape whose storage holds no bytes, and records how to draw it. A sharded
+// model (ZeRO-3) is built so, then initialised one unit at a time
+// (materialize() into the unit's buffer), so that no rank ever holds the
+// whole model; the values are those init_shard would have returned
+// (layout-independent init is kept). A tensor under deferral must not be
+// read before it is materialised.
+class DeferredInit {
+ public:
+  class Scope {
+   public:
+    explicit Scope(DeferredInit& init);
+    ~Scope();
+    Scope(const Scope&) = delete;
+    Scope& operator=(const Scope&) = delete;
+
+   private:
+    DeferredInit* previous_;
+  };
+  // Was `param` created by init_shard under this recorder?
+  bool deferred(const at::Tensor& param) const;
+  // Draws param's values into `out` (same number of elements; any dtype and
+  // device). InvalidArgument for a tensor not recorded here.
+  void materialize(const at::Tensor& param, at::Tensor& out) const;
+  // Gives `param` its values in storage of its own.
+  void materialize(at::Tensor& param) const;
+
+ private:
+  friend at::Tensor init_shard(at::IntArrayRef, const ShardSpec&, int64_t, const InitSpec&, int, int,
+                               const at::TensorOptions&);
+  struct Recipe {
+    std::vector<int64_t> full_shape;
+    ShardSpec spec;
+    int64_t padded = 0;
+    InitSpec init;
+    int tp_rank = 0, tp_size = 1;
+    at::TensorOptions options;
+  };
+  std::unordered_map<const void*, Recipe> recipes_;
+};
 
 // The full, unpadded tensor of one parameter (or gradient): all-gathers the
 // shards over `tp` along spec.dim and drops the padding; a replicated tensor
