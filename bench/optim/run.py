@@ -31,7 +31,9 @@ import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 LR, BETAS, EPS, WD = 1e-3, (0.9, 0.999), 1e-8, 0.01
-TOL = {"torus (py)": 1e-6, "torch foreach": 1e-6, "deepspeed": 1e-5}
+# Max relative difference from torch's fused AdamW after one step (per tensor, max |a - b| / max |b| over param,
+# exp_avg, exp_avg_sq). DeepSpeed's kernel rounds further from torch (about 1e-5 measured here), hence its bound.
+TOL = {"torus (py)": 1e-6, "torch foreach": 1e-6, "deepspeed": 1e-4}
 
 
 def parse_case(s):
