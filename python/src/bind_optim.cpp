@@ -1,6 +1,8 @@
 // Bindings of torus::optim (torus._C.optim): ParamGroup, OptimizerSpec,
-// make_optimizer and the Optimizer interface behind torus.optim.SGD, Adam and
-// AdamW (python/torus/optim.py, which gives them torch.optim's interface).
+// make_optimizer and the Optimizer interface behind torus.optim.SGD, Adam,
+// AdamW, CpuAdam and CpuAdamW (python/torus/optim.py, which gives them
+// torch.optim's interface), and the CPU Adam kernel on tensor lists
+// (cpu_adam_step; cpu_adam.h).
 //
 // Parameters, gradients and state cross as new TensorImpls over the same
 // storage (unpy, Note [Tensors from Python], bind_comm.cpp), because the
@@ -21,6 +23,7 @@
 
 #include "bindings.h"
 #include "torus/core/error.h"
+#include "torus/optim/cpu_adam.h"
 #include "torus/optim/optimizer.h"
 
 namespace py = pybind11;
@@ -65,6 +68,43 @@ void step_with(Optimizer& opt, const std::vector<std::vector<std::optional<at::T
     return it == by_param.end() ? at::Tensor() : it->second;
   });
   opt.step(lr);
+}
+
+std::vector<at::Tensor> unpy_all(const std::vector<at::Tensor>& ts) {
+  std::vector<at::Tensor> out;
+  out.reserve(ts.size());
+  for (const auto& t : ts) out.push_back(t.defined() ? unpy(t) : t);
+  return out;
+}
+
+void cpu_adam_step(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
+                   const std::vector<at::Tensor>& exp_avgs, const std::vector<at::Tensor>& exp_avg_sqs, double lr,
+                   double beta1, double beta2, double eps, double weight_decay, int64_t step, bool decoupled,
+                   double grad_scale, const std::optional<at::Tensor>& found_inf,
+                   const std::optional<std::vector<std::optional<at::Tensor>>>& param_outs, int threads,
+                   const std::string& isa) {
+  cpu::AdamHyper h{.lr = lr,
+                   .beta1 = beta1,
+                   .beta2 = beta2,
+                   .eps = eps,
+                   .weight_decay = weight_decay,
+                   .decoupled = decoupled,
+                   .step = step,
+                   .grad_scale = static_cast<float>(grad_scale)};
+  if (found_inf) {
+    if (!found_inf->device().is_cpu() || found_inf->scalar_type() != at::kFloat || found_inf->numel() != 1) {
+      throw InvalidArgument("cpu_adam_step: found_inf must be a one-element float32 CPU tensor");
+    }
+    h.found_inf = found_inf->data_ptr<float>();
+  }
+  std::vector<at::Tensor> outs;
+  if (param_outs) {
+    for (const auto& o : *param_outs) outs.push_back(o ? unpy(*o) : at::Tensor());
+  }
+  const auto p = unpy_all(params), g = unpy_all(grads), m = unpy_all(exp_avgs), v = unpy_all(exp_avg_sqs);
+  const cpu::Isa which = cpu::parse_isa(isa);
+  py::gil_scoped_release release;
+  cpu::adam_update(h, p, g, m, v, outs, threads, which);
 }
 
 }  // namespace
@@ -158,6 +198,34 @@ void bind_optim(py::module_& root) {
           },
           py::arg("group"), py::arg("index"), py::arg("name"), "A state tensor (aliasing the live state), or None.")
       .def("buffer_names", &Optimizer::buffer_names, py::arg("group"));
+
+  py::class_<detail::CpuAdamBase, Optimizer, std::shared_ptr<detail::CpuAdamBase>>(
+      m, "CpuAdamBase", "CpuAdam and CpuAdamW (cpu_adam.h): Adam on Torus's CPU kernel.")
+      .def(
+          "set_grad_scale",
+          [](detail::CpuAdamBase& o, double scale, const std::optional<at::Tensor>& found_inf) {
+            o.set_grad_scale(scale, found_inf ? unpy(*found_inf) : at::Tensor());
+          },
+          py::arg("grad_scale"), py::arg("found_inf") = py::none(),
+          "Multiplies every gradient by grad_scale inside the update; a non-zero found_inf (one-element float32 "
+          "CPU tensor, read at each step) makes step() change nothing.")
+      .def_property_readonly("grad_scale", &detail::CpuAdamBase::grad_scale);
+  py::class_<CpuAdam, detail::CpuAdamBase, std::shared_ptr<CpuAdam>>(m, "CpuAdam");
+  py::class_<CpuAdamW, detail::CpuAdamBase, std::shared_ptr<CpuAdamW>>(m, "CpuAdamW");
+
+  m.def("cpu_adam_step", &cpu_adam_step, py::arg("params"), py::arg("grads"), py::arg("exp_avgs"),
+        py::arg("exp_avg_sqs"), py::kw_only(), py::arg("lr"), py::arg("beta1"), py::arg("beta2"), py::arg("eps"),
+        py::arg("weight_decay"), py::arg("step"), py::arg("decoupled"), py::arg("grad_scale") = 1.0,
+        py::arg("found_inf") = py::none(), py::arg("param_outs") = py::none(), py::arg("threads") = 0,
+        py::arg("isa") = "auto",
+        "One CPU Adam/AdamW update of lists of contiguous CPU tensors in one parallel region (cpu_adam.h). "
+        "Releases the GIL.");
+  m.def(
+      "cpu_adam_best_isa", [] { return std::string(cpu::isa_name(cpu::best_isa())); },
+      "The fastest CPU Adam path this CPU runs: 'avx512', 'avx2' or 'scalar'.");
+  m.def(
+      "cpu_adam_isa_supported", [](const std::string& isa) { return cpu::isa_supported(cpu::parse_isa(isa)); },
+      py::arg("isa"));
 
   m.def(
       "make_optimizer",

@@ -28,6 +28,11 @@ Differences from torch.optim, all deliberate:
   tensors alias the live state (clone them to keep a snapshot).
   ``load_state_dict`` checks names, shapes and dtypes before changing
   anything and raises ``torus.InvalidArgument``.
+* ``CpuAdam`` and ``CpuAdamW`` are Adam and AdamW on Torus's vectorised CPU
+  kernel (CPU parameters updated in fp32; bf16/f16 gradients read directly;
+  the master write-back in the same pass; ``set_grad_scale(scale,
+  found_inf)`` folds an inverse loss scale into the update and skips a step
+  on overflow). ``cpu_adam_step`` runs the kernel on lists of tensors.
 * Group dicts accept ``params``, ``names``, ``lr``, ``weight_decay`` and the
   algorithm's own options (``momentum``, ``dampening``, ``nesterov`` for SGD;
   ``betas``, ``eps`` for Adam and AdamW); ``amsgrad``, ``maximize``,
@@ -227,4 +232,51 @@ class AdamW(_AdamFamily):
         super().__init__(params, lr, betas, eps, weight_decay, master_weights)
 
 
-__all__ = ["Adam", "AdamW", "Optimizer", "SGD"]
+class _CpuAdamFamily(_AdamFamily):
+    def set_grad_scale(self, grad_scale, found_inf=None):
+        """Multiplies every gradient by ``grad_scale`` inside the update until changed; while ``found_inf`` (a
+        one-element float32 CPU tensor, read at each step) is non-zero, ``step()`` changes nothing."""
+        self._impl.set_grad_scale(float(grad_scale), found_inf)
+
+
+class CpuAdam(_CpuAdamFamily):
+    """Adam (L2 weight decay) on Torus's vectorised CPU kernel."""
+
+    _name = "cpu_adam"
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, *, master_weights="half"):
+        super().__init__(params, lr, betas, eps, weight_decay, master_weights)
+
+
+class CpuAdamW(_CpuAdamFamily):
+    """AdamW (decoupled weight decay, torch's default 1e-2) on Torus's vectorised CPU kernel."""
+
+    _name = "cpu_adamw"
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, *, master_weights="half"):
+        super().__init__(params, lr, betas, eps, weight_decay, master_weights)
+
+
+def cpu_adam_step(params, grads, exp_avgs, exp_avg_sqs, *, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
+                  step, decoupled=True, grad_scale=1.0, found_inf=None, param_outs=None, threads=0, isa="auto"):
+    """One Adam (``decoupled=False``) or AdamW update of lists of contiguous CPU tensors, in place.
+
+    ``params``, ``exp_avgs`` and ``exp_avg_sqs`` are float32; ``grads`` float32, bfloat16 or float16;
+    ``param_outs`` (optional, entries may be None) receive the updated parameters rounded to their dtype.
+    ``step`` is the 1-based update count (bias correction); ``threads`` 0 uses torch's intra-op thread count;
+    ``isa`` is "auto", "scalar", "avx2" or "avx512". Releases the GIL.
+    """
+    b1, b2 = (float(b) for b in betas)
+    _optim.cpu_adam_step(list(params), list(grads), list(exp_avgs), list(exp_avg_sqs), lr=float(lr), beta1=b1,
+                         beta2=b2, eps=float(eps), weight_decay=float(weight_decay), step=int(step),
+                         decoupled=bool(decoupled), grad_scale=float(grad_scale), found_inf=found_inf,
+                         param_outs=None if param_outs is None else list(param_outs), threads=int(threads),
+                         isa=str(isa))
+
+
+def cpu_adam_best_isa():
+    """The fastest CPU Adam path of this CPU: "avx512", "avx2" or "scalar"."""
+    return _optim.cpu_adam_best_isa()
+
+
+__all__ = ["Adam", "AdamW", "CpuAdam", "CpuAdamW", "Optimizer", "SGD", "cpu_adam_best_isa", "cpu_adam_step"]

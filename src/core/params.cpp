@@ -89,6 +89,8 @@ const std::set<std::string, std::less<>>& known_variables() {
       // shared host memory (docs/comm.md)
       "TORUS_SHARED_HOST_ALLOC", "TORUS_SHARED_HOST_ALLOC_MIN_BYTES", "TORUS_SHARED_HOST_SLAB_BYTES",
       "TORUS_SHARED_HOST_CACHE_BYTES", "TORUS_SHARED_HOST_FORK",
+      // optimizers (docs/optim.md)
+      "TORUS_CPU_ADAM_ISA",
       // Read by the build scripts and tests, never by the library (docs/testing.md).
       "TORUS_BUILD_DIR", "TORUS_JOBS", "TORUS_NP", "TORUS_GPU_JOBS", "TORUS_SKIP_APT", "TORUS_NO_CUDA",
       "TORUS_CTEST_ARGS", "TORUS_REQUIRE_GPU", "TORUS_BOOTSTRAP_TOKEN_RANK"};
@@ -192,6 +194,11 @@ EnvParams EnvParams::from_env() {
   }
   p.ofi = ofi_from_env();
   p.shared_host = shared_host_from_env();
+  if (auto v = env_string("TORUS_CPU_ADAM_ISA")) {
+    TORUS_CHECK(*v == "auto" || *v == "scalar" || *v == "avx2" || *v == "avx512", InvalidArgument,
+                "TORUS_CPU_ADAM_ISA='{}' must be auto, scalar, avx2 or avx512", *v);
+    p.cpu_adam_isa = *v;
+  }
   for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
     if (std::strncmp(*e, "TORUS_", 6) != 0) continue;
     const char* eq = std::strchr(*e, '=');
@@ -245,6 +252,7 @@ std::vector<std::pair<std::string, std::string>> EnvParams::describe() const {
       {"TORUS_SHARED_HOST_SLAB_BYTES", opt(shared_host.slab_bytes)},
       {"TORUS_SHARED_HOST_CACHE_BYTES", opt(shared_host.cache_bytes)},
       {"TORUS_SHARED_HOST_FORK", shared_host.fork_copy ? "copy" : "view"},
+      {"TORUS_CPU_ADAM_ISA", cpu_adam_isa.empty() ? "auto" : cpu_adam_isa},
   };
 }
 

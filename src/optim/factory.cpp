@@ -2,6 +2,7 @@
 #include "core/log.h"
 #include "torus/optim/adam.h"
 #include "torus/optim/adamw.h"
+#include "torus/optim/cpu_adam.h"
 #include "torus/optim/optimizer.h"
 #include "torus/optim/sgd.h"
 
@@ -25,10 +26,10 @@ AdamOptions adam_options(const OptimizerSpec& s) {
 void OptimizerSpec::validate() const {
   if (name == "sgd") {
     sgd_options(*this).validate();
-  } else if (name == "adam" || name == "adamw") {
+  } else if (name == "adam" || name == "adamw" || name == "cpu_adam" || name == "cpu_adamw") {
     adam_options(*this).validate();
   } else {
-    throw InvalidArgument(fmt::format("optimizer '{}' is not one of sgd, adam, adamw", name));
+    throw InvalidArgument(fmt::format("optimizer '{}' is not one of sgd, adam, adamw, cpu_adam, cpu_adamw", name));
   }
 }
 
@@ -36,6 +37,8 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimizerSpec& spec, std::vector
   spec.validate();
   if (spec.name == "sgd") return std::make_unique<SGD>(std::move(groups), sgd_options(spec), spec.options);
   if (spec.name == "adam") return std::make_unique<Adam>(std::move(groups), adam_options(spec), spec.options);
+  if (spec.name == "cpu_adam") return std::make_unique<CpuAdam>(std::move(groups), adam_options(spec), spec.options);
+  if (spec.name == "cpu_adamw") return std::make_unique<CpuAdamW>(std::move(groups), adam_options(spec), spec.options);
   return std::make_unique<AdamW>(std::move(groups), adam_options(spec), spec.options);
 }
 

@@ -57,9 +57,16 @@ bool same_view(const at::Tensor& a, const at::Tensor& b) {
 }  // namespace
 
 Optimizer::Optimizer(std::string_view who, std::vector<ParamGroup> groups, double lr, double default_weight_decay,
-                     OptimizerOptions options)
-    : who_(who), groups_(std::move(groups)), lr_(lr), default_weight_decay_(default_weight_decay), options_(options) {
-  std::transform(who_.begin(), who_.end(), std::back_inserter(name_), [](char c) { return std::tolower(c); });
+                     OptimizerOptions options, std::string_view name)
+    : who_(who),
+      name_(name),
+      groups_(std::move(groups)),
+      lr_(lr),
+      default_weight_decay_(default_weight_decay),
+      options_(options) {
+  if (name_.empty()) {
+    std::transform(who_.begin(), who_.end(), std::back_inserter(name_), [](char c) { return std::tolower(c); });
+  }
   set_lr(lr);
   std::set<std::string> names;
   std::set<const void*> impls;
@@ -191,8 +198,10 @@ void Optimizer::step() {
       grads[g][i] = std::move(grad);
     }
   }
+  if (skip_step()) return;
   // 2. The update: one fused call per (dtype, device, first step) of each group.
   ++step_count_;
+  const bool keep_half_grads = reads_half_gradients(), fused_write_back = fuses_master_write_back();
   std::vector<std::pair<at::Tensor, at::Tensor>> write_back;  // (parameter, master)
   for (size_t g = 0; g < groups_.size(); ++g) {
     std::map<std::tuple<int, int, int, bool>, Batch> batches;
@@ -203,7 +212,10 @@ void Optimizer::step() {
       Slot& s = slots_[g][i];
       if (!s.step.defined()) create_state(g, i);
       const at::Tensor& target = s.use_master ? s.master : p;
-      if (grad.scalar_type() != target.scalar_type()) grad = grad.to(target.scalar_type());
+      const bool half_grad = grad.scalar_type() == at::kHalf || grad.scalar_type() == at::kBFloat16;
+      if (grad.scalar_type() != target.scalar_type() && !(keep_half_grads && s.use_master && half_grad)) {
+        grad = grad.to(target.scalar_type());
+      }
       const bool first = s.count == 0;
       ++s.count;
       const auto key = std::make_tuple(static_cast<int>(target.scalar_type()), static_cast<int>(p.device().type()),
@@ -215,7 +227,11 @@ void Optimizer::step() {
       b.steps.push_back(s.step);
       b.buffers.resize(s.buffers.size());
       for (size_t k = 0; k < s.buffers.size(); ++k) b.buffers[k].push_back(s.buffers[k]);
-      if (s.use_master) write_back.emplace_back(p, s.master);
+      if (fused_write_back) {
+        b.outputs.push_back(s.use_master ? p : at::Tensor());
+      } else if (s.use_master) {
+        write_back.emplace_back(p, s.master);
+      }
     }
     for (auto& [key, b] : batches) {
       at::_foreach_add_(b.steps, 1);

@@ -96,6 +96,9 @@ struct EnvParams {
     bool fork_copy = false;                      // TORUS_SHARED_HOST_FORK: view (false) | copy (true)
   } shared_host;
 
+  // --- optimizers (docs/optim.md, "CPU Adam") ------------------------------------
+  std::string cpu_adam_isa;                      // TORUS_CPU_ADAM_ISA: auto | scalar | avx2 | avx512 (empty: auto)
+
   // Reads the process environment. Throws InvalidArgument naming the variable
   // when a value does not parse or is out of range. Unknown TORUS_* variables
   // are collected in `unknown` (logged as a warning, since they are usually

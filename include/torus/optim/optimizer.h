@@ -115,7 +115,7 @@ class Optimizer {
   Optimizer(const Optimizer&) = delete;
   Optimizer& operator=(const Optimizer&) = delete;
 
-  // "sgd", "adam" or "adamw" (OptimizerSpec::name).
+  // "sgd", "adam", "adamw", "cpu_adam" or "cpu_adamw" (OptimizerSpec::name).
   const std::string& name() const { return name_; }
 
   // One update of every parameter that has a gradient, at each group's
@@ -186,18 +186,34 @@ class Optimizer {
     std::vector<std::vector<at::Tensor>> buffers;  // buffers[k][j]: buffer_names()[k] of params[j]
     std::vector<at::Tensor> steps;                 // already advanced by one
     bool first_step = false;                       // every parameter's first update
+    // Only when fuses_master_write_back(): outputs[j] is the parameter that
+    // update() must write params[j] into, rounded to its dtype, when params[j]
+    // is its master copy; else undefined.
+    std::vector<at::Tensor> outputs;
   };
 
   // `who` names the algorithm in messages ("AdamW"); name() is its lower
   // case. Checks the groups (defined, distinct, non-overlapping parameters;
   // names; lr_scale and weight decay); the derived class checks its options.
+  // `name` overrides the lower-case `who` as name() ("cpu_adamw").
   Optimizer(std::string_view who, std::vector<ParamGroup> groups, double lr, double default_weight_decay,
-            OptimizerOptions options);
+            OptimizerOptions options, std::string_view name = {});
 
   // One fused update of `batch`, a part of group g, at learning rate lr.
   virtual void update(size_t g, double lr, Batch& batch) = 0;
   // Adds group g's own hyper-parameters to `out` (hyperparameters()).
   virtual void add_hyperparameters(size_t g, std::map<std::string, double>& out) const = 0;
+  // Optional capabilities of an algorithm (all off by default):
+  //  * skip_step(): asked once per step() after the gradients are checked;
+  //    true makes that step() a skipped step (nothing changes, no count
+  //    advances), e.g. on a found_inf flag the algorithm holds.
+  //  * reads_half_gradients(): gradients in f16 or bf16 of a parameter with
+  //    an fp32 master reach update() as they are, not upcast to fp32.
+  //  * fuses_master_write_back(): update() writes each master into its
+  //    parameter itself (Batch::outputs), instead of the copy step() makes.
+  virtual bool skip_step() const { return false; }
+  virtual bool reads_half_gradients() const { return false; }
+  virtual bool fuses_master_write_back() const { return false; }
 
   const std::string& who() const { return who_; }
   double weight_decay(size_t g) const { return groups_[g].weight_decay.value_or(default_weight_decay_); }
@@ -227,7 +243,7 @@ class Optimizer {
 
 // An optimizer described by values, e.g. from a command line.
 struct OptimizerSpec {
-  std::string name = "adamw";  // "sgd" | "adam" | "adamw"
+  std::string name = "adamw";  // "sgd" | "adam" | "adamw" | "cpu_adam" | "cpu_adamw" (cpu_adam.h)
   double lr = 1e-3;
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // adam, adamw
   double momentum = 0.0, dampening = 0.0;         // sgd
