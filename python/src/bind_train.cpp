@@ -1,6 +1,6 @@
 // Bindings of torus::train (torus._C.train): the training engine (Trainer,
 // GPTTrainer), the training loop (TrainLoop) with its option table
-// (RunConfig), and the utilities of a training run (learning-rate schedule,
+// (RunConfig) and its memory estimate, and the utilities of a training run (learning-rate schedule,
 // byte corpus and batch sampler, step line and memory).
 //
 // GPTTrainer's constructor, train_step, evaluate and gather_local_parameters
@@ -21,9 +21,11 @@
 #include "torus/comm/process_group.h"
 #include "torus/core/error.h"
 #include "torus/models/gpt.h"
+#include "torus/parallel/data/zero.h"
 #include "torus/train/corpus.h"
 #include "torus/train/gpt_model.h"
 #include "torus/train/lr_schedule.h"
+#include "torus/train/memory_plan.h"
 #include "torus/train/metrics.h"
 #include "torus/train/run_config.h"
 #include "torus/train/train_loop.h"
@@ -155,15 +157,48 @@ void bind_layout(py::module_& m) {
       .def_readwrite("grad_clip", &train::OptimizerConfig::grad_clip, "max global L2 norm; 0: no clipping");
 
   py::class_<train::TrainerOptions>(m, "TrainerOptions")
-      .def(py::init([](int64_t bucket_cap_bytes, bool overlap_grad_sync, int recv_prefetch, bool record_trace) {
-             return train::TrainerOptions{bucket_cap_bytes, overlap_grad_sync, recv_prefetch, record_trace};
+      .def(py::init([](int64_t bucket_cap_bytes, bool overlap_grad_sync, int recv_prefetch, bool record_trace,
+                       int zero_stage, const std::string& offload, int zero_prefetch) {
+             train::TrainerOptions o;
+             o.bucket_cap_bytes = bucket_cap_bytes;
+             o.overlap_grad_sync = overlap_grad_sync;
+             o.recv_prefetch = recv_prefetch;
+             o.record_trace = record_trace;
+             o.zero_stage = zero_stage;
+             o.offload = dp::parse_offload(offload);
+             o.zero_prefetch = zero_prefetch;
+             return o;
            }),
            py::kw_only(), py::arg("bucket_cap_bytes") = int64_t{25} << 20, py::arg("overlap_grad_sync") = true,
-           py::arg("recv_prefetch") = 2, py::arg("record_trace") = false)
+           py::arg("recv_prefetch") = 2, py::arg("record_trace") = false, py::arg("zero_stage") = 0,
+           py::arg("offload") = "none", py::arg("zero_prefetch") = 1,
+           "zero_stage: 0 (plain data parallelism), 1, 2 or 3 (ZeRO over dp); offload: \"none\", \"optimizer\" "
+           "or \"optimizer+params\"; zero_prefetch: ZeRO-3 blocks gathered ahead.")
       .def_readwrite("bucket_cap_bytes", &train::TrainerOptions::bucket_cap_bytes)
       .def_readwrite("overlap_grad_sync", &train::TrainerOptions::overlap_grad_sync)
       .def_readwrite("recv_prefetch", &train::TrainerOptions::recv_prefetch)
-      .def_readwrite("record_trace", &train::TrainerOptions::record_trace);
+      .def_readwrite("record_trace", &train::TrainerOptions::record_trace)
+      .def_readwrite("zero_stage", &train::TrainerOptions::zero_stage)
+      .def_property(
+          "offload", [](const train::TrainerOptions& o) { return std::string(dp::offload_name(o.offload)); },
+          [](train::TrainerOptions& o, const std::string& text) { o.offload = dp::parse_offload(text); },
+          "\"none\", \"optimizer\" or \"optimizer+params\"")
+      .def_readwrite("zero_prefetch", &train::TrainerOptions::zero_prefetch);
+
+  py::class_<train::MemoryEstimate>(m, "MemoryEstimate",
+                                    "Bytes a rank will keep, by kind (memory_plan.h, Note [Memory estimate]).")
+      .def_readonly("parameters", &train::MemoryEstimate::parameters)
+      .def_readonly("gradients", &train::MemoryEstimate::gradients)
+      .def_readonly("optimizer", &train::MemoryEstimate::optimizer)
+      .def_readonly("activations", &train::MemoryEstimate::activations)
+      .def_readonly("buffers", &train::MemoryEstimate::buffers)
+      .def_readonly("host_optimizer", &train::MemoryEstimate::host_optimizer)
+      .def_readonly("host_parameters", &train::MemoryEstimate::host_parameters)
+      .def("device_bytes", &train::MemoryEstimate::device_bytes)
+      .def("host_bytes", &train::MemoryEstimate::host_bytes)
+      .def("describe", &train::MemoryEstimate::describe)
+      .def("__repr__",
+           [](const train::MemoryEstimate& e) { return "<torus.train.MemoryEstimate " + e.describe() + ">"; });
 
   py::class_<train::StepStats>(m, "StepStats", "What one train_step did (the same on every rank, times aside).")
       .def_readonly("step", &train::StepStats::step)
@@ -327,7 +362,9 @@ void bind_loop(py::module_& m) {
       .def_readonly("first_loss", &train::RunSummary::first_loss)
       .def_readonly("final_loss", &train::RunSummary::final_loss)
       .def_readonly("final_val_loss", &train::RunSummary::final_val_loss)
-      .def_readonly("out_dir", &train::RunSummary::out_dir);
+      .def_readonly("out_dir", &train::RunSummary::out_dir)
+      .def_readonly("peak_rss_bytes", &train::RunSummary::peak_rss_bytes, "this rank's peak resident set size")
+      .def_readonly("job_peak_rss_bytes", &train::RunSummary::job_peak_rss_bytes, "the sum of every rank's peak");
 
   py::class_<train::TrainLoop, std::shared_ptr<train::TrainLoop>>(
       m, "TrainLoop", "The training loop of torus-train (train_loop.h). Lines go to sys.stdout.")
@@ -354,7 +391,9 @@ void bind_loop(py::module_& m) {
       .def("run", &train::TrainLoop::run, Release(), "Runs every step. Collective; releases the GIL.")
       .def("trainer", &train::TrainLoop::trainer, py::return_value_policy::reference_internal)
       .def_property_readonly("config", &train::TrainLoop::config)
-      .def_property_readonly("peak_flops", &train::TrainLoop::peak_flops);
+      .def_property_readonly("peak_flops", &train::TrainLoop::peak_flops)
+      .def_property_readonly("memory_estimate", &train::TrainLoop::memory_estimate,
+                             "The memory pre-check's estimate per rank (a MemoryEstimate).");
 }
 
 void bind_data(py::module_& m) {

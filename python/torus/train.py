@@ -15,6 +15,14 @@ metrics JSONL and TensorBoard files::
     loop.on_step(lambda r: None)                   # r: StepRecord, every rank
     summary = loop.run()                           # collective; releases the GIL
 
+ZeRO and the memory pre-check are options like any other:
+``RunConfig(zero=2, offload="optimizer")`` shards gradients and optimizer
+state over dp and keeps the optimizer state in host memory; the loop
+refuses to start a run whose memory estimate (``loop.memory_estimate``, a
+``MemoryEstimate``) exceeds what a rank has, unless ``force=True``.
+``TrainerOptions(zero_stage=3, offload="optimizer+params", zero_prefetch=1)``
+is the same for the engine alone.
+
 ``Trainer`` is the engine under the loop (any model adapter; ``GPTTrainer``
 over the reference GPT of ``torus.models``)::
 
@@ -45,6 +53,7 @@ StepStats = _train.StepStats
 Trainer = _train.Trainer
 GPTTrainer = _train.GPTTrainer
 
+MemoryEstimate = _train.MemoryEstimate
 RunConfig = _train.RunConfig
 run_config_help = _train.run_config_help
 run_option_names = _train.run_option_names
@@ -71,6 +80,7 @@ __all__ = [
     "CorpusSplit",
     "GPTTrainer",
     "LrSchedule",
+    "MemoryEstimate",
     "OptimizerConfig",
     "ParallelLayout",
     "RunConfig",

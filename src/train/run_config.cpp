@@ -48,6 +48,10 @@ std::vector<Entry> table(RunConfig& c) {
       {"hysteresis", &c.hysteresis, "fp16: overflows tolerated before the scale halves"},
       {"min-loss-scale", &c.min_loss_scale, "fp16: an overflow at this scale stops the run"},
       {"recompute", &c.recompute, "activation recompute: none, full, every:K, selective"},
+      {"zero", &c.zero, "ZeRO stage over dp: 0 (off), 1 (optimizer state), 2 (+ gradients), 3 (+ parameters)"},
+      {"offload", &c.offload, "host memory for: none, optimizer (--zero >= 1), optimizer+params (--zero 3)"},
+      {"zero-prefetch", &c.zero_prefetch, "--zero 3: blocks gathered ahead of the one running"},
+      {"force", &c.force, "start even when the memory pre-check says the run does not fit"},
       {"tp", &c.tp, "tensor-parallel size"},
       {"pp", &c.pp, "pipeline-parallel size"},
       {"dp", &c.dp, "data-parallel size (0: world / (tp x pp))"},
@@ -323,6 +327,13 @@ void RunConfig::validate() const {
   check(peak_tflops >= 0 && threads >= 0, "--peak-tflops and --threads must be >= 0");
   check(recompute == "none" || recompute == "full" || recompute == "selective" || recompute.rfind("every:", 0) == 0,
         fmt::format("--recompute must be none, full, every:K or selective, got '{}'", recompute));
+  check(zero >= 0 && zero <= 3, fmt::format("--zero must be 0, 1, 2 or 3, got {}", zero));
+  one_of(offload, {"none", "optimizer", "optimizer+params"}, "offload");
+  check(offload == "none" || zero >= 1,
+        fmt::format("--offload {} needs ZeRO: use it with --zero 1, 2 or 3 (got --zero {})", offload, zero));
+  check(offload != "optimizer+params" || zero == 3,
+        fmt::format("--offload optimizer+params offloads parameter shards: it needs --zero 3 (got --zero {})", zero));
+  check(zero_prefetch >= 0, fmt::format("--zero-prefetch must be >= 0, got {}", zero_prefetch));
   (void)stage_layer_counts();
 }
 

@@ -26,14 +26,26 @@ def main():
     h = subprocess.run([exe, "--help"], capture_output=True, text=True, timeout=60)
     check(h.returncode == 0, f"--help exited {h.returncode}: {h.stderr}")
     for opt in ("--tp", "--pp", "--dp", "--schedule", "--micro-batches", "--steps", "--lr", "--warmup", "--seed",
-                "--data", "--eval-interval", "--config"):
+                "--data", "--eval-interval", "--config", "--zero", "--offload", "--zero-prefetch", "--force"):
         check(opt in h.stdout, f"--help does not list {opt}")
 
     # Bad input: a clear error, exit 2, before any communication (no launcher needed).
-    for bad, words in ((["--tp", "x"], "--tp"), (["--schedul", "1f1b"], "schedule"), (["--precision", "f8"], "--precision")):
+    for bad, words in ((["--tp", "x"], "--tp"), (["--schedul", "1f1b"], "schedule"), (["--precision", "f8"], "--precision"),
+                       (["--zero", "4"], "--zero must be 0, 1, 2 or 3"),
+                       (["--offload", "optimizer"], "--offload optimizer needs ZeRO"),
+                       (["--zero", "2", "--offload", "optimizer+params"], "needs --zero 3")):
         r = subprocess.run([exe] + bad, capture_output=True, text=True, timeout=60)
         check(r.returncode == 2, f"{bad}: exit {r.returncode}, expected 2\n{r.stdout}{r.stderr}")
         check("error" in r.stderr and words in r.stderr, f"{bad}: unclear message: {r.stderr}")
+
+    # The memory pre-check: a model far beyond any host's memory is refused
+    # before anything is allocated, naming the estimate and the way out.
+    huge = [mpiexec] + flags + ["-np", "1", exe, "--layers", "400", "--hidden", "8192", "--heads", "64", "--steps", "1",
+                                "--progress", "off", "--out", tempfile.mkdtemp(prefix="torus-train-huge-")]
+    r = subprocess.run(huge, capture_output=True, text=True, timeout=120)
+    check(r.returncode != 0, f"a run of 400 x 8192 blocks passed the memory pre-check:\n{r.stdout}{r.stderr}")
+    for words in ("memory pre-check", "per rank", "--zero", "--offload", "--force"):
+        check(words in r.stderr, f"the pre-check message lacks {words!r}: {r.stderr[-2000:]}")
 
     out = tempfile.mkdtemp(prefix="torus-train-test-")
     cfg = os.path.join(out, "run.cfg")
@@ -63,6 +75,13 @@ def main():
     check(last < first - 0.5, f"the loss did not fall clearly: {first:.3f} -> {last:.3f}")
     check(abs(steps[0]["loss"] - 5.545) < 0.3, f"first loss {steps[0]['loss']} is not near ln(256) = 5.545")
     check(recs[-1]["event"] == "end", "no end record")
+    est = recs[0].get("memory_estimate", {})
+    check(est.get("parameters", 0) > 0 and est.get("optimizer", 0) > 0 and est.get("activations", 0) > 0,
+          f"config record: no memory estimate: {est}")
+    peak = re.search(r"^peak resident memory: [\d.]+ [KMG]iB on this rank, [\d.]+ [KMG]iB over the job$", r.stdout, re.M)
+    check(peak is not None, "no 'peak resident memory' line")
+    end = recs[-1]
+    check(0 < end["peak_rss_bytes"] < end["job_peak_rss_bytes"], f"end record peaks: {end}")
 
     # Note [Honest MFU]: the peak is measured once per host with every core busy.
     mfus = [x["mfu"] for x in steps]

@@ -435,3 +435,17 @@ def test_run_config_keywords_flags_and_config_files(tmp_path):
         defaults.no_such_option
     assert json.loads(kw.to_json())["tp"] == 2
     assert [n for n, _ in kw.values()] == train.run_option_names()
+    # ZeRO, offload and the memory pre-check's --force through the same table.
+    z = train.RunConfig(zero=3, offload="optimizer+params", zero_prefetch=2, force=True)
+    assert (z.zero, z.offload, z.zero_prefetch, z.force) == (3, "optimizer+params", 2, True)
+    z.validate()
+    with pytest.raises(torus.InvalidArgument, match="needs --zero 3"):
+        train.RunConfig(zero=2, offload="optimizer+params").validate()
+    with pytest.raises(torus.InvalidArgument, match="--zero must be 0, 1, 2 or 3"):
+        train.RunConfig(zero=4).validate()
+    opts = train.TrainerOptions(zero_stage=2, offload="optimizer", zero_prefetch=0)
+    assert (opts.zero_stage, opts.offload, opts.zero_prefetch) == (2, "optimizer", 0)
+    opts.offload = "optimizer+params"
+    assert opts.offload == "optimizer+params"
+    with pytest.raises(torus.InvalidArgument, match="none, optimizer, optimizer\\+params"):
+        train.TrainerOptions(offload="gpu")

@@ -131,6 +131,51 @@ TEST(RunConfig, Validate) {
   EXPECT_EQ(w.warmup_steps(), 7);
 }
 
+// ZeRO, offload and the memory pre-check's --force.
+TEST(RunConfig, ZeroOffloadForce) {
+  const RunConfig d;
+  EXPECT_EQ(d.zero, 0);
+  EXPECT_EQ(d.offload, "none");
+  EXPECT_EQ(d.zero_prefetch, 1);
+  EXPECT_FALSE(d.force);
+  const RunConfig c = parse({"--zero", "3", "--offload=optimizer+params", "--zero_prefetch", "2", "--force"});
+  EXPECT_EQ(c.zero, 3);
+  EXPECT_EQ(c.offload, "optimizer+params");
+  EXPECT_EQ(c.zero_prefetch, 2);
+  EXPECT_TRUE(c.force);
+  c.validate();
+  parse({"--zero", "1", "--offload", "optimizer"}).validate();
+  parse({"--zero", "2", "--offload", "optimizer"}).validate();
+  EXPECT_NE(parse_error({"--zero", "two"}).find("--zero"), std::string::npos);
+
+  const std::string path = temp_file("zero = 2\noffload = \"optimizer\"\nforce = true\n");
+  const RunConfig f = parse({"--config", path});
+  EXPECT_EQ(f.zero, 2);
+  EXPECT_EQ(f.offload, "optimizer");
+  EXPECT_TRUE(f.force);
+  std::remove(path.c_str());
+
+  auto message = [](std::vector<std::string> args) {
+    RunConfig r = parse(std::move(args));
+    try {
+      r.validate();
+    } catch (const InvalidArgument& e) {
+      return std::string(e.what());
+    }
+    ADD_FAILURE() << "no error";
+    return std::string();
+  };
+  EXPECT_EQ(message({"--zero", "4"}), "--zero must be 0, 1, 2 or 3, got 4");
+  EXPECT_EQ(message({"--zero=-1"}), "--zero must be 0, 1, 2 or 3, got -1");
+  EXPECT_EQ(message({"--offload", "optimizer"}),
+            "--offload optimizer needs ZeRO: use it with --zero 1, 2 or 3 (got --zero 0)");
+  EXPECT_EQ(message({"--zero", "2", "--offload", "optimizer+params"}),
+            "--offload optimizer+params offloads parameter shards: it needs --zero 3 (got --zero 2)");
+  EXPECT_EQ(message({"--zero", "1", "--offload", "gpu"}),
+            "--offload must be one of none, optimizer, optimizer+params, got 'gpu'");
+  EXPECT_EQ(message({"--zero", "3", "--zero-prefetch=-1"}), "--zero-prefetch must be >= 0, got -1");
+}
+
 TEST(RunConfig, ValuesJsonAndHelp) {
   const RunConfig c = parse({"--tp", "2", "--lr", "0.1", "--sp"});
   const auto values = c.values();

@@ -45,3 +45,11 @@ foreach(_case "2:Zero.MatchesDataParallelOnDp:Zero.RecomputeGathersAgain:Zero.BF
   torus_add_mpi_test(NAME train_zero_np${_np} TARGET torus_zero_tests NP ${_np}
                      ARGS --gtest_filter=${_filter} LABELS "train;zero" TIMEOUT 600)
 endforeach()
+
+# The memory estimate and pre-check against closed forms from the GPT's
+# dimensions (ZeRO stages 0-3 at N = 2 and 4, offload, dtypes, TP/SP,
+# pipeline stages, recompute), the pre-check's refusal and --force, and the
+# ZeRO options TrainLoop hands the trainer. Single process, no ZeRO needed.
+add_executable(torus_memory_plan_tests ${CMAKE_CURRENT_LIST_DIR}/memory_plan_test.cpp)
+target_link_libraries(torus_memory_plan_tests PRIVATE torus_test_main torus)
+torus_add_test(NAME train_memory_plan TARGET torus_memory_plan_tests LABELS "train" TIMEOUT 60)

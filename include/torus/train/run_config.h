@@ -61,6 +61,13 @@ struct RunConfig {
   int hysteresis = 1;                // overflows tolerated before the scale halves
   double min_loss_scale = 1;
   std::string recompute = "none";  // none | full | every:K | selective
+  // ZeRO over the data-parallel group (parallel/data/zero.h): 0 = plain data
+  // parallelism; 1 = optimizer state and fp32 masters sharded; 2 = +
+  // gradients; 3 = + parameters, gathered block by block.
+  int zero = 0;
+  std::string offload = "none";  // none | optimizer (--zero >= 1) | optimizer+params (--zero 3)
+  int zero_prefetch = 1;         // --zero 3: blocks gathered ahead of the one running
+  bool force = false;            // start even when the memory pre-check (memory_plan.h) says it will not fit
 
   // --- layout ------------------------------------------------------------------
   int tp = 1;

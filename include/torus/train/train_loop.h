@@ -22,7 +22,19 @@
 //  * <out>/tb/events.out.tfevents.*: scalars train/loss, val/loss,
 //    train/lr, train/grad_norm, train/loss_scale (fp16), perf/tokens_per_s,
 //    perf/mfu, mem/peak_rss_bytes (--tensorboard);
-//  * a progress bar on stderr when it is a terminal (--progress).
+//  * a progress bar on stderr when it is a terminal (--progress);
+//  * at the end, on every rank through the logger, and on the logging rank
+//    through the sink and into the "end" record (peak_rss_bytes,
+//    job_peak_rss_bytes): "peak resident memory: X GiB on this rank, Y GiB
+//    over the job" (the sum of every rank's peak, one all-reduce).
+//
+// Note [Memory pre-check]: before the Trainer allocates anything, the loop
+// estimates each rank's memory (memory_plan.h, Note [Memory estimate]),
+// logs it at info level, and compares it with the memory a rank has (the
+// device's on CUDA, the host's MemAvailable / ranks on this host on CPU):
+// a run that does not fit throws InvalidArgument naming the estimate by
+// kind and the memory available and suggesting --zero, --offload or
+// --force; --force starts it anyway with a warning. No communication.
 // `python3 -m torus.plot <out>` draws the curves from metrics.jsonl.
 //
 // Note [Honest MFU]: MFU = model FLOPs per second / the job's peak. Model
@@ -47,11 +59,28 @@
 #include <string_view>
 
 #include "torus/comm/process_group.h"
+#include "torus/train/memory_plan.h"
 #include "torus/train/run_config.h"
+#include "torus/train/trainer.h"
 
 namespace torus::train {
 
-class Trainer;
+// What TrainLoop builds the engine with, from a run's options. Pure; throw
+// InvalidArgument for options that do not fit (run_layout: tp x pp that
+// does not divide the world, and ParallelLayout::validate).
+ParallelLayout run_layout(const RunConfig& config, int world_size);
+OptimizerConfig run_optimizer(const RunConfig& config);
+TrainerOptions run_trainer_options(const RunConfig& config);
+// Rows of one micro-batch on a dp rank: batch / (dp x micro-batches),
+// rounded up.
+int64_t run_micro_batch_rows(const RunConfig& config, const ParallelLayout& layout);
+
+// Note [Memory pre-check] for `model` built from `config` and laid out as
+// `layout`, against `available` (available_memory_per_rank in a run;
+// anything in tests): returns the estimate, throws InvalidArgument when it
+// does not fit unless config.force (then a warning). No communication.
+MemoryEstimate precheck_memory(const RunConfig& config, const Model& model, const ParallelLayout& layout,
+                               const MemoryBudget& available);
 
 // One step as the loop records it (the JSONL "step" record).
 struct StepRecord {
@@ -81,13 +110,16 @@ struct RunSummary {
   double final_loss = 0;
   double final_val_loss = std::numeric_limits<double>::quiet_NaN();
   std::string out_dir;
+  int64_t peak_rss_bytes = 0;      // this rank's peak resident set size
+  int64_t job_peak_rss_bytes = 0;  // the sum of every rank's peak
 };
 
 class TrainLoop {
  public:
   // Validates the config (InvalidArgument, before any communication), loads
-  // the corpus, then builds the model adapter named by config.model and the
-  // engine over `world` (collective) and measures the peak (collective).
+  // the corpus, builds the model adapter named by config.model, runs the
+  // memory pre-check (Note [Memory pre-check]), then builds the engine over
+  // `world` (collective) and measures the peak (collective).
   TrainLoop(comm::ProcessGroupPtr world, RunConfig config, std::string program = "torus-train");
   ~TrainLoop();
   TrainLoop(const TrainLoop&) = delete;
@@ -108,6 +140,9 @@ class TrainLoop {
   const RunConfig& config() const;
   // The job's peak FLOP/s used for MFU (Note [Honest MFU]); 0: unknown.
   double peak_flops() const;
+  // This rank's memory estimate and the memory it has (Note [Memory pre-check]).
+  const MemoryEstimate& memory_estimate() const;
+  const MemoryBudget& memory_available() const;
 
  private:
   struct Impl;

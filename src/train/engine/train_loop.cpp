@@ -41,7 +41,9 @@ at::Tensor to_tensor(const std::vector<int64_t>& tokens, int64_t rows, int64_t c
 // A JSON number, or null when not finite (JSON has no NaN).
 Json number(double v) { return std::isfinite(v) ? Json(v) : Json(nullptr); }
 
-ParallelLayout layout_of(const RunConfig& c, int world_size) {
+}  // namespace
+
+ParallelLayout run_layout(const RunConfig& c, int world_size) {
   TORUS_CHECK(world_size % (c.tp * c.pp) == 0, InvalidArgument, "--tp x --pp = {} x {} does not divide the {} ranks",
               c.tp, c.pp, world_size);
   ParallelLayout l;
@@ -57,7 +59,52 @@ ParallelLayout layout_of(const RunConfig& c, int world_size) {
   return l;
 }
 
-}  // namespace
+OptimizerConfig run_optimizer(const RunConfig& c) {
+  OptimizerConfig optim;
+  optim.name = c.optimizer;
+  optim.momentum = c.optimizer == "sgd" ? c.momentum : 0.0;
+  optim.nesterov = c.nesterov;
+  optim.lr = c.lr;
+  optim.weight_decay = c.weight_decay;
+  optim.beta1 = c.beta1;
+  optim.beta2 = c.beta2;
+  optim.eps = c.eps;
+  optim.grad_clip = c.grad_clip;
+  return optim;
+}
+
+TrainerOptions run_trainer_options(const RunConfig& c) {
+  TrainerOptions options;
+  options.grads_in_param_dtype = c.grad_dtype == "param";
+  options.loss_scaler.dynamic = c.loss_scale == 0;
+  options.loss_scaler.initial_scale = c.loss_scale > 0 ? c.loss_scale : c.initial_loss_scale;
+  options.loss_scaler.growth_interval = c.loss_scale_window;
+  options.loss_scaler.hysteresis = c.hysteresis;
+  options.loss_scaler.min_scale = std::min(c.min_loss_scale, options.loss_scaler.initial_scale);
+  if (c.autocast) options.autocast = at::kBFloat16;
+  options.zero_stage = c.zero;
+  options.offload = dp::parse_offload(c.offload);
+  options.zero_prefetch = c.zero_prefetch;
+  return options;
+}
+
+int64_t run_micro_batch_rows(const RunConfig& c, const ParallelLayout& l) {
+  const int64_t parts = int64_t{l.dp} * l.num_micro;
+  return std::max<int64_t>(1, (c.batch + parts - 1) / parts);
+}
+
+MemoryEstimate precheck_memory(const RunConfig& c, const Model& model, const ParallelLayout& l,
+                               const MemoryBudget& available) {
+  const MemoryEstimate e = estimate_memory(model, l, run_trainer_options(c), run_micro_batch_rows(c, l), c.seq,
+                                           run_optimizer(c));
+  TORUS_LOG_INFO("memory estimate per rank ({}, --zero {}, --offload {}): {}; available per rank: {}{}",
+                 l.describe(), c.zero, c.offload, e.describe(), format_bytes(static_cast<double>(available.device)),
+                 available.device_is_host ? std::string(" (host)")
+                                          : fmt::format(" (device), host {}",
+                                                        format_bytes(static_cast<double>(available.host))));
+  check_memory(e, available, c.force);
+  return e;
+}
 
 struct TrainLoop::Impl {
   comm::ProcessGroupPtr world;
@@ -69,6 +116,8 @@ struct TrainLoop::Impl {
   CorpusSplit split;
   std::unique_ptr<BatchSampler> train_data, val_data;
   std::shared_ptr<const Model> model;
+  MemoryEstimate estimate;
+  MemoryBudget available;
   std::unique_ptr<Trainer> trainer;
   double peak = 0;
   std::function<void(std::string_view)> sink;
@@ -94,10 +143,21 @@ TrainLoop::TrainLoop(comm::ProcessGroupPtr world, RunConfig config, std::string 
   m.program = std::move(program);
   const RunConfig& c = m.cfg;
   // Everything that needs no communication first.
-  m.layout = layout_of(c, m.world->size());
+  m.layout = run_layout(c, m.world->size());
   m.lr = LrSchedule{c.lr, c.min_lr, c.warmup_steps(), c.steps};
   m.lr.validate();
   m.model = make_model(c);
+  {
+    // Note [Memory pre-check]: before the Trainer allocates anything.
+    ModelLayout ml;
+    ml.tp = m.layout.tp;
+    ml.sequence_parallel = m.layout.sequence_parallel;
+    ml.num_stages = m.layout.num_stages();
+    ml.blocks_per_stage = m.layout.layers_per_stage;
+    m.model->validate(ml);  // the cut the estimate reads must exist
+    m.available = available_memory_per_rank(m.model->device(), m.world->context()->launch().local_size);
+    m.estimate = precheck_memory(c, *m.model, m.layout, m.available);
+  }
   m.corpus = Corpus::load(c.data.empty() ? default_corpus_path() : c.data);
   m.split = m.corpus.split(c.val_fraction);
   m.train_data = std::make_unique<BatchSampler>(m.split.train, c.seq, c.batch, static_cast<uint64_t>(c.seed),
@@ -110,25 +170,7 @@ TrainLoop::TrainLoop(comm::ProcessGroupPtr world, RunConfig config, std::string 
     at::set_num_threads(c.threads > 0 ? c.threads : std::max(1, cores / local));
   }
 
-  OptimizerConfig optim;
-  optim.name = c.optimizer;
-  optim.momentum = c.optimizer == "sgd" ? c.momentum : 0.0;
-  optim.nesterov = c.nesterov;
-  optim.lr = c.lr;
-  optim.weight_decay = c.weight_decay;
-  optim.beta1 = c.beta1;
-  optim.beta2 = c.beta2;
-  optim.eps = c.eps;
-  optim.grad_clip = c.grad_clip;
-  TrainerOptions options;
-  options.grads_in_param_dtype = c.grad_dtype == "param";
-  options.loss_scaler.dynamic = c.loss_scale == 0;
-  options.loss_scaler.initial_scale = c.loss_scale > 0 ? c.loss_scale : c.initial_loss_scale;
-  options.loss_scaler.growth_interval = c.loss_scale_window;
-  options.loss_scaler.hysteresis = c.hysteresis;
-  options.loss_scaler.min_scale = std::min(c.min_loss_scale, options.loss_scaler.initial_scale);
-  if (c.autocast) options.autocast = at::kBFloat16;
-  m.trainer = std::make_unique<Trainer>(m.world, m.model, m.layout, optim, options);
+  m.trainer = std::make_unique<Trainer>(m.world, m.model, m.layout, run_optimizer(c), run_trainer_options(c));
 
   // Note [Honest MFU].
   if (c.peak_tflops > 0) {
@@ -154,6 +196,8 @@ void TrainLoop::on_step_begin(std::function<void(int64_t)> observer) {
 Trainer& TrainLoop::trainer() { return *impl_->trainer; }
 const RunConfig& TrainLoop::config() const { return impl_->cfg; }
 double TrainLoop::peak_flops() const { return impl_->peak; }
+const MemoryEstimate& TrainLoop::memory_estimate() const { return impl_->estimate; }
+const MemoryBudget& TrainLoop::memory_available() const { return impl_->available; }
 
 RunSummary TrainLoop::run() {
   Impl& m = *impl_;
@@ -189,6 +233,14 @@ RunSummary TrainLoop::run() {
                 {"corpus", m.corpus.source()},
                 {"corpus_bytes", m.corpus.size()}};
     cfg["options"] = Json::parse(c.to_json());
+    const MemoryEstimate& e = m.estimate;  // the fullest pipeline rank's, the same on every rank
+    cfg["memory_estimate"] = {{"parameters", e.parameters},
+                              {"gradients", e.gradients},
+                              {"optimizer", e.optimizer},
+                              {"activations", e.activations},
+                              {"buffers", e.buffers},
+                              {"host_optimizer", e.host_optimizer},
+                              {"host_parameters", e.host_parameters}};
     metrics->write(cfg);
     const bool tty = ::isatty(::fileno(stderr)) == 1;
     if (c.progress == "on" || (c.progress == "auto" && tty)) bar = std::make_unique<ProgressBar>(c.steps, stderr);
@@ -292,6 +344,14 @@ RunSummary TrainLoop::run() {
   summary.steps = c.steps;
   summary.wall_s = std::chrono::duration<double>(Clock::now() - t_start).count();
   summary.tokens_per_s = tokens / seconds;
+  // Peak resident memory: this rank's, and the job's sum (every rank).
+  summary.peak_rss_bytes = peak_rss_bytes();
+  summary.job_peak_rss_bytes = static_cast<int64_t>(
+      all_reduce_scalar(m.world, static_cast<double>(summary.peak_rss_bytes), comm::ReduceOp::kSum));
+  const std::string peak_line = fmt::format("peak resident memory: {} on this rank, {} over the job",
+                                            format_bytes(static_cast<double>(summary.peak_rss_bytes)),
+                                            format_bytes(static_cast<double>(summary.job_peak_rss_bytes)));
+  if (!logger) TORUS_LOG_INFO("{}", peak_line);
   // Losses are the same on every rank (the trainer shares them); the
   // validation loss too.
   if (logger) {
@@ -302,11 +362,14 @@ RunSummary TrainLoop::run() {
                     {"tokens_per_s", summary.tokens_per_s},
                     {"first_loss", number(summary.first_loss)},
                     {"final_loss", number(summary.final_loss)},
-                    {"final_val_loss", number(summary.final_val_loss)}});
+                    {"final_val_loss", number(summary.final_val_loss)},
+                    {"peak_rss_bytes", summary.peak_rss_bytes},
+                    {"job_peak_rss_bytes", summary.job_peak_rss_bytes}});
     m.line(fmt::format("done: {} steps in {:.1f} s, {:.0f} tok/s; loss {:.3f} -> {:.3f}, validation {:.3f}; wrote "
                        "{}/metrics.jsonl{}",
                        c.steps, summary.wall_s, summary.tokens_per_s, summary.first_loss, summary.final_loss,
                        summary.final_val_loss, c.out, tb ? " and " + c.out + "/tb" : ""));
+    m.line(peak_line);
   }
   return summary;
 }
