@@ -18,11 +18,17 @@
 // beside the full gradient buffer (2Ψ/N); stage 3 keeps parameters outside
 // blocks (embeddings, final norm) gathered; units are padded to a multiple
 // of N. "expected" = formula + those buffers, taken from the ZeRO report.
-// --check exits 2 unless every measurement is within 10% of expected.
+// --check exits 2 unless every measurement is within 10% of expected, and
+// unless ZeRO-3's construction ("init peak": the most live bytes while the
+// trainer is built) holds, beyond the shards it keeps, less than half the
+// replica's bf16 parameters (Ψ bytes; it holds one unit and one parameter's
+// f32 draw at a time): no rank ever holds the whole model.
 //
 // Step time: the median of --steps steps after --warmup, per stage, with the
 // time this rank waited for ZeRO's collectives (reduce-scatter, all-gather)
-// as a share of the step. Before timing, every stage's losses are checked
+// as a share of the step, and the bytes they moved per step on this rank
+// (reduce-scatter input, all-gather output: --micro m shows stage 2-3's
+// m-fold reduce-scatter traffic, Note [ZeRO-2 and micro-batches]). Before timing, every stage's losses are checked
 // against stage 0's (1e-3 relative, bf16): a mismatch exits 2.
 #include <ATen/Functions.h>
 #include <ATen/Parallel.h>
@@ -127,7 +133,10 @@ struct Row {
   int N = 1, stage = 0;
   int64_t psi = 0;
   double measured = 0, formula = 0, buffers = 0;
+  double init_peak = 0;  // most live bytes while the trainer was built
+  double kept = 0;       // of which ZeRO's persistent buffers at construction (shards, kept-gathered units)
   double step_ms = 0, comm_wait_ms = 0;
+  double rs_mib = 0, ag_mib = 0;  // per step: reduce-scatter input and all-gather output, this rank
   std::vector<double> losses;
 };
 
@@ -158,10 +167,13 @@ Row run(const comm::ProcessGroupPtr& world, const Options& o, const std::string&
   r.stage = stage;
   const int64_t rows = o.rows_per_rank * N * o.micro;
   const int64_t before = g_counter->live();
+  g_counter->reset_peak();
   {
     train::GPTTrainer trainer(world, cfg, layout, optim, opts);
+    r.init_peak = static_cast<double>(g_counter->peak() - before);
     std::vector<double> ms, wait_ms;
     double last_wait = 0;
+    int64_t rs0 = 0, ag0 = 0;
     for (int k = 0; k < o.warmup + o.steps; ++k) {
       const at::Tensor batch = batch_of(k, rows, o.seq);
       const auto t0 = Clock::now();
@@ -178,6 +190,13 @@ Row run(const comm::ProcessGroupPtr& world, const Options& o, const std::string&
           const dp::Zero::Memory m = z->memory();
           if (stage == 1) r.buffers += static_cast<double>(m.grad_shards);
           if (stage == 3) r.buffers += static_cast<double>(m.param_full) * (1.0 - 1.0 / N);
+          r.kept += static_cast<double>(m.param_full + m.param_shards + m.grad_shards + m.grad_full);
+        }
+      }
+      if (k + 1 == o.warmup || (o.warmup == 0 && k == 0)) {
+        for (const dp::Zero* z : trainer.zero_syncs()) {
+          rs0 += z->stats().reduce_scatter_bytes;
+          ag0 += z->stats().all_gather_bytes;
         }
       }
       if (k >= o.warmup) {
@@ -186,6 +205,14 @@ Row run(const comm::ProcessGroupPtr& world, const Options& o, const std::string&
       }
       last_wait = wait;
     }
+    int64_t rs1 = 0, ag1 = 0;
+    for (const dp::Zero* z : trainer.zero_syncs()) {
+      rs1 += z->stats().reduce_scatter_bytes;
+      ag1 += z->stats().all_gather_bytes;
+    }
+    const double counted_steps = o.warmup == 0 ? std::max(o.steps - 1, 1) : o.steps;
+    r.rs_mib = static_cast<double>(rs1 - rs0) / counted_steps / (1024.0 * 1024.0);
+    r.ag_mib = static_cast<double>(ag1 - ag0) / counted_steps / (1024.0 * 1024.0);
     std::sort(ms.begin(), ms.end());
     std::sort(wait_ms.begin(), wait_ms.end());
     r.step_ms = ms[ms.size() / 2];
@@ -226,18 +253,21 @@ int main(int argc, char** argv) {
   }
   // Every rank's measurement; the table shows the largest rank.
   for (auto& r : rows) {
-    at::Tensor t = at::tensor({r.measured, r.step_ms, r.comm_wait_ms}, at::TensorOptions().dtype(at::kDouble));
+    at::Tensor t =
+        at::tensor({r.measured, r.step_ms, r.comm_wait_ms, r.init_peak}, at::TensorOptions().dtype(at::kDouble));
     world->all_reduce(t, {.op = comm::ReduceOp::kMax})->wait();
     r.measured = t[0].item<double>();
     r.step_ms = t[1].item<double>();
     r.comm_wait_ms = t[2].item<double>();
+    r.init_peak = t[3].item<double>();
   }
   constexpr double MiB = 1024.0 * 1024.0;
   if (print) {
     std::printf("ZeRO memory per rank (live tensor bytes after one step; bf16 parameters, fp32 masters, Adam; %s)\n",
                 o.main_grads ? "f32 main gradients" : "gradients in bf16");
-    std::printf("%-5s %3s %5s %10s %11s %12s %12s %12s %7s %9s %10s %6s\n", "size", "N", "stage", "psi", "formula MiB",
-                "buffers MiB", "expected MiB", "measured MiB", "ratio", "step ms", "wait ms", "share");
+    std::printf("%-5s %3s %5s %10s %11s %12s %12s %12s %7s %13s %9s %10s %6s %12s %12s\n", "size", "N", "stage", "psi",
+                "formula MiB", "buffers MiB", "expected MiB", "measured MiB", "ratio", "init peak MiB", "step ms",
+                "wait ms", "share", "RS MiB/step", "AG MiB/step");
   }
   nlohmann::json out = nlohmann::json::array();
   double stage0_ms = 0;
@@ -245,15 +275,27 @@ int main(int argc, char** argv) {
     const double expected = r.formula + r.buffers;
     const double ratio = r.measured / expected;
     if (r.stage == 0) stage0_ms = r.step_ms;
-    if (o.check && std::abs(ratio - 1) > 0.10) ok = false;
+    if (o.check && std::abs(ratio - 1) > 0.10) {
+      if (print) std::fprintf(stderr, "ZeRO-%d %s: measured %.3f x expected\n", r.stage, r.size.c_str(), ratio);
+      ok = false;
+    }
+    // ZeRO-3 builds without the whole model (Note [Deferred initialisation]):
+    // its construction never holds the replica's parameters (2 bytes each).
+    if (o.check && r.stage == 3 && r.init_peak - r.kept >= static_cast<double>(r.psi)) {
+      if (print) std::fprintf(stderr, "ZeRO-3 %s: construction held %.1f MiB beyond its shards\n", r.size.c_str(),
+                              (r.init_peak - r.kept) / MiB);
+      ok = false;
+    }
     if (print) {
-      std::printf("%-5s %3d %5d %10lld %11.1f %12.1f %12.1f %12.1f %7.3f %9.1f %10.1f %5.1f%%\n", r.size.c_str(), r.N,
-                  r.stage, static_cast<long long>(r.psi), r.formula / MiB, r.buffers / MiB, expected / MiB,
-                  r.measured / MiB, ratio, r.step_ms, r.comm_wait_ms, 100.0 * r.comm_wait_ms / r.step_ms);
+      std::printf("%-5s %3d %5d %10lld %11.1f %12.1f %12.1f %12.1f %7.3f %13.1f %9.1f %10.1f %5.1f%% %12.1f %12.1f\n",
+                  r.size.c_str(), r.N, r.stage, static_cast<long long>(r.psi), r.formula / MiB, r.buffers / MiB,
+                  expected / MiB, r.measured / MiB, ratio, r.init_peak / MiB, r.step_ms, r.comm_wait_ms,
+                  100.0 * r.comm_wait_ms / r.step_ms, r.rs_mib, r.ag_mib);
     }
     out.push_back({{"size", r.size}, {"N", r.N}, {"stage", r.stage}, {"psi", r.psi}, {"formula_bytes", r.formula},
-                   {"buffer_bytes", r.buffers}, {"measured_bytes", r.measured}, {"ratio", ratio},
+                   {"buffer_bytes", r.buffers}, {"measured_bytes", r.measured}, {"ratio", ratio}, {"init_peak_bytes", r.init_peak},
                    {"step_ms", r.step_ms}, {"comm_wait_ms", r.comm_wait_ms},
+                   {"reduce_scatter_mib_per_step", r.rs_mib}, {"all_gather_mib_per_step", r.ag_mib},
                    {"step_vs_stage0", stage0_ms > 0 ? r.step_ms / stage0_ms : 0.0}, {"losses", r.losses}});
   }
   if (print && !o.json.empty()) {

@@ -41,6 +41,9 @@ class GPTModel : public Model {
                                            const parallel::ParallelGroups& groups) const override;
   int64_t num_parameters() const override;
   double flops_per_token(int64_t seq_len) const override;
+  // Parameters per piece and Korthikanti et al.'s activations of the cut.
+  std::vector<RankMemoryShape> memory_shape(const ModelLayout& layout, int num_chunks, int64_t rows,
+                                            int64_t seq) const override;
   c10::ScalarType param_dtype() const override { return config_.dtype; }
   c10::Device device() const override { return config_.device; }
 

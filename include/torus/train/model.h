@@ -99,6 +99,20 @@ struct ModelLayout {
   std::vector<int64_t> blocks_per_stage;  // empty: the model balances the cut
 };
 
+// What the memory pre-check (memory_plan.h) needs from the model about one
+// pipeline rank: its parameters (this TP rank's shards) by where they lie,
+// and the activations of ONE micro-batch through all of the rank's chunks at
+// 16-bit (the estimator scales by the dtype and the micro-batches alive).
+struct RankMemoryShape {
+  int64_t blocks = 0;           // blocks on the rank
+  int64_t block_params = 0;     // Ψ_b: their parameters
+  int64_t largest_block = 0;    // parameters of the largest block (a ZeRO-3 unit)
+  int64_t outside_params = 0;   // Ψ_o: embeddings, final norm, head
+  double activations_16 = 0;    // bytes of one micro-batch's activations kept for backward
+  double recompute_extra_16 = 0;  // one block's activations while it is recomputed (0: no recompute)
+  double head_bytes = 0;        // per micro-batch, beside the 16-bit ones (e.g. f32 logits and their gradient)
+};
+
 class Model {
  public:
   virtual ~Model() = default;
@@ -117,6 +131,14 @@ class Model {
   // Model FLOPs of one token's forward and backward at `seq_len` (the MFU
   // numerator; recompute is not counted).
   virtual double flops_per_token(int64_t seq_len) const = 0;
+  // Per pipeline rank (layout.num_stages / num_chunks ranks; stage = chunk x
+  // ranks + rank) for micro-batches of `rows` x `seq` tokens. Empty: the
+  // model says nothing finer than num_parameters() (the pre-check then
+  // assumes an even share and no activations).
+  virtual std::vector<RankMemoryShape> memory_shape(const ModelLayout& /*layout*/, int /*num_chunks*/,
+                                                    int64_t /*rows*/, int64_t /*seq*/) const {
+    return {};
+  }
   virtual c10::ScalarType param_dtype() const = 0;
   virtual c10::Device device() const = 0;
 };

@@ -391,6 +391,7 @@ void Zero::flush_locked(Unit& u) {
   if (u.group) {
     u.rs_work = u.group->reduce_scatter(u.grad_full, block, {.op = u.op});
     ++stats_.reduce_scatters;
+    stats_.reduce_scatter_bytes += u.grad_bytes();
   } else {
     u.rs_work = nullptr;
   }
@@ -492,6 +493,7 @@ void Zero::publish_parameters() {
     at::Tensor own = u.param_flat.narrow(0, static_cast<int64_t>(u.r) * u.shard, u.shard);
     works.emplace_back(&u, u.group->all_gather(own, u.param_flat));
     ++stats_.all_gathers;
+    stats_.all_gather_bytes += u.param_bytes();
   }
   const auto t0 = Clock::now();
   for (auto& [u, w] : works) w->wait();
@@ -509,6 +511,7 @@ void Zero::gather_start(Unit& u) {
   if (u.group) {
     u.ag_work = u.group->all_gather(own, u.param_flat);
     ++stats_.all_gathers;
+    stats_.all_gather_bytes += u.param_bytes();
   } else {
     u.gathered = true;
   }

@@ -4,6 +4,8 @@
 
 #include <torch/nn/module.h>
 
+#include <algorithm>
+
 #include "core/log.h"
 #include "torus/parallel/tensor/sharding.h"
 
@@ -133,6 +135,70 @@ double GPTModel::flops_per_token(int64_t seq_len) const {
   const double h = config_.hidden, L = config_.num_layers, f = config_.ffn(), v = config_.vocab_size;
   const double matmul_params = L * (4 * h * h + 2 * h * f) + v * h;
   return 6.0 * matmul_params + 12.0 * L * h * static_cast<double>(seq_len);
+}
+
+namespace {
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Bytes of one block's activations for one micro-batch at 16-bit, after
+// Korthikanti et al. 2022; `attention`: include the 5 a s / h term.
+double block_activation_16(int64_t s, int64_t b, int64_t h, int64_t a, int t, bool sp, bool attention) {
+  const double sbh = static_cast<double>(s) * b * h;
+  const double att = attention ? 5.0 * a * s / h : 0.0;
+  if (t == 1 || sp) return sbh * (34.0 + att) / t;
+  return sbh * (10.0 + 24.0 / t + att / t);
+}
+
+}  // namespace
+
+std::vector<RankMemoryShape> GPTModel::memory_shape(const ModelLayout& layout, int num_chunks, int64_t rows,
+                                                    int64_t seq) const {
+  const models::GPTConfig& g = config_;
+  const int t = layout.tp;
+  const int pp = layout.num_stages / std::max(num_chunks, 1);
+  const int64_t h = g.hidden, f = g.ffn(), V = g.vocab_size;
+  // The parameter counts of num_parameters(), per piece (this TP rank's shards).
+  const int64_t block = ceil_div(4 * h * h + 2 * h * f + 8 * h + f, t);
+  const int64_t embedding = ceil_div(V * h, t) + g.max_seq_len * h;
+  const int64_t word = ceil_div(V * h, t);
+  const std::vector<models::GPTPart> all = parts(layout);
+  const double full16 = block_activation_16(seq, rows, h, g.num_heads, t, layout.sequence_parallel, true);
+  const double selective16 = block_activation_16(seq, rows, h, g.num_heads, t, layout.sequence_parallel, false);
+  const double input16 = 2.0 * seq * rows * h / (layout.sequence_parallel ? t : 1);
+  const double logits = 8.0 * seq * rows * static_cast<double>(ceil_div(V, t));  // f32 logits and their gradient
+  std::vector<RankMemoryShape> out(pp);
+  for (int r = 0; r < pp; ++r) {
+    RankMemoryShape& rs = out[r];
+    bool recomputes = false;
+    for (int c = 0; c < num_chunks; ++c) {
+      const models::GPTPart& p = all[static_cast<size_t>(c) * pp + r];
+      const int64_t n = p.num_layers < 0 ? g.num_layers - p.first_layer : p.num_layers;
+      rs.blocks += n;
+      if (p.embedding) rs.outside_params += embedding;
+      if (p.head) {
+        rs.head_bytes = logits;
+        rs.outside_params += 2 * h;
+        // The head's weight: its own when untied; a copy of the word
+        // embedding when tied and the embedding is on another stage.
+        if (!g.tie_embeddings || !p.embedding) rs.outside_params += word;
+      }
+      for (int64_t i = p.first_layer; i < p.first_layer + n; ++i) {
+        if (g.recompute.recompute_block(i)) {
+          rs.activations_16 += input16;
+          recomputes = true;
+        } else if (g.recompute.recompute_attention_core()) {
+          rs.activations_16 += selective16;
+        } else {
+          rs.activations_16 += full16;
+        }
+      }
+    }
+    rs.block_params = rs.blocks * block;
+    rs.largest_block = rs.blocks > 0 ? block : 0;
+    if (recomputes) rs.recompute_extra_16 = full16;  // one block recomputed in backward
+  }
+  return out;
 }
 
 GPTTrainer::GPTTrainer(comm::ProcessGroupPtr world, models::GPTConfig model, ParallelLayout layout,

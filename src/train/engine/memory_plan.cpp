@@ -1,10 +1,8 @@
 // The memory estimate and pre-check of a training run (memory_plan.h).
 //
-// The activation formula and the per-stage parameter counts are those of the
-// reference GPT (its config: blocks, widths, the pipeline cut); any other
-// model is estimated from num_parameters() alone (Note [Memory estimate]).
-// When the model seam grows a per-stage memory description this file should
-// read it instead of the GPT adapter's config.
+// The per-rank parameter counts and activations come from the model seam
+// (Model::memory_shape); a model that gives none is estimated from
+// num_parameters() alone (Note [Memory estimate]).
 #include "torus/train/memory_plan.h"
 
 #include <c10/core/ScalarType.h>
@@ -19,8 +17,6 @@
 #include "core/log.h"
 #include "torus/core/error.h"
 #include "torus/device/device.h"
-#include "torus/models/gpt.h"
-#include "torus/train/gpt_model.h"
 #include "torus/train/metrics.h"
 #include "torus/train/model.h"
 
@@ -61,71 +57,6 @@ double alive_micro_batches(const ParallelLayout& l, int r) {
   return std::min(m, pp - r);
 }
 
-// Bytes of one block's activations for one micro-batch at 16-bit, after
-// Korthikanti et al. 2022; `attention`: include the 5 a s / h term.
-double block_activation_16(int64_t s, int64_t b, int64_t h, int64_t a, int t, bool sp, bool attention) {
-  const double sbh = static_cast<double>(s) * b * h;
-  const double att = attention ? 5.0 * a * s / h : 0.0;
-  if (t == 1 || sp) return sbh * (34.0 + att) / t;
-  return sbh * (10.0 + 24.0 / t + att / t);
-}
-
-std::vector<RankShape> gpt_ranks(const models::GPTConfig& g, const ParallelLayout& l, int64_t rows, int64_t seq,
-                                 double act_scale) {
-  const int t = l.tp;
-  const int64_t h = g.hidden, f = g.ffn(), V = g.vocab_size;
-  // The parameter counts of GPTModel::num_parameters(), per piece.
-  const int64_t block = ceil_div(4 * h * h + 2 * h * f + 8 * h + f, t);
-  const int64_t embedding = ceil_div(V * h, t) + g.max_seq_len * h;
-  const int64_t word = ceil_div(V * h, t);
-  const auto parts = models::gpt_stage_parts(g, l.num_stages(), g.max_seq_len, l.layers_per_stage);
-
-  const double full16 = block_activation_16(seq, rows, h, g.num_heads, t, l.sequence_parallel, true);
-  const double selective16 = block_activation_16(seq, rows, h, g.num_heads, t, l.sequence_parallel, false);
-  const double input16 = 2.0 * seq * rows * h / (l.sequence_parallel ? t : 1);
-  const double logits = 8.0 * seq * rows * static_cast<double>(ceil_div(V, t));  // f32 logits and their gradient
-
-  std::vector<RankShape> ranks(l.pp);
-  for (int r = 0; r < l.pp; ++r) {
-    RankShape& rs = ranks[r];
-    double per_micro = 0;   // bytes at 16-bit of one micro-batch through the rank's blocks
-    bool recomputes = false;
-    bool head = false;
-    for (int c = 0; c < l.num_chunks; ++c) {
-      const models::GPTPart& p = parts[static_cast<size_t>(c) * l.pp + r];
-      const int64_t n = p.num_layers < 0 ? g.num_layers - p.first_layer : p.num_layers;
-      rs.blocks += n;
-      if (p.embedding) rs.outside_params += embedding;
-      if (p.head) {
-        head = true;
-        rs.outside_params += 2 * h;
-        // The head's weight: its own when untied; a copy of the word
-        // embedding when tied and the embedding is on another stage.
-        if (!g.tie_embeddings || !p.embedding) rs.outside_params += word;
-      }
-      for (int64_t i = p.first_layer; i < p.first_layer + n; ++i) {
-        if (g.recompute.recompute_block(i)) {
-          per_micro += input16;
-          recomputes = true;
-        } else if (g.recompute.recompute_attention_core()) {
-          per_micro += selective16;
-        } else {
-          per_micro += full16;
-        }
-      }
-    }
-    rs.block_params = rs.blocks * block;
-    rs.largest_block = rs.blocks > 0 ? block : 0;
-    const double alive = alive_micro_batches(l, r);
-    double bytes = alive * per_micro;
-    if (recomputes) bytes += full16;  // one block recomputed in backward
-    bytes *= act_scale;
-    if (head) bytes += alive * logits;
-    rs.activations = round_up(bytes);
-  }
-  return ranks;
-}
-
 bool is_half(c10::ScalarType t) { return t == at::kHalf || t == at::kBFloat16; }
 
 }  // namespace
@@ -162,9 +93,21 @@ MemoryEstimate estimate_memory(const Model& model, const ParallelLayout& layout,
   const double act_scale = (options.autocast ? 2.0 : static_cast<double>(P)) / 2.0;
 
   std::vector<RankShape> ranks;
-  if (const auto* gpt = dynamic_cast<const GPTModel*>(&model)) {
-    ranks = gpt_ranks(gpt->config(), layout, micro_batch_rows, seq_len, act_scale);
-  } else {
+  const ModelLayout model_layout{layout.tp, layout.sequence_parallel, layout.num_stages(), layout.layers_per_stage};
+  const std::vector<RankMemoryShape> shapes =
+      model.memory_shape(model_layout, layout.num_chunks, micro_batch_rows, seq_len);
+  for (size_t r = 0; r < shapes.size(); ++r) {
+    const RankMemoryShape& ms = shapes[r];
+    RankShape rs;
+    rs.blocks = ms.blocks;
+    rs.block_params = ms.block_params;
+    rs.largest_block = ms.largest_block;
+    rs.outside_params = ms.outside_params;
+    const double alive = alive_micro_batches(layout, static_cast<int>(r));
+    rs.activations = round_up((alive * ms.activations_16 + ms.recompute_extra_16) * act_scale + alive * ms.head_bytes);
+    ranks.push_back(rs);
+  }
+  if (ranks.empty()) {
     // Nothing finer than the parameter count: an even share, one unit.
     RankShape rs;
     rs.block_params = ceil_div(model.num_parameters(), int64_t{layout.pp} * layout.tp);

@@ -18,6 +18,7 @@
 #include "torus/amp/autocast.h"
 #include "torus/amp/grad_scaling.h"
 #include "torus/optim/clip.h"
+#include "torus/optim/cpu_adam.h"
 #include "torus/optim/optimizer.h"
 #include "torus/parallel/data/ddp.h"
 #include "torus/parallel/data/zero.h"
@@ -552,18 +553,41 @@ StepStats Trainer::train_step(const at::Tensor& batch, double lr) {
     }
   }
   // 5. Loss scaling: unscale, and agree over every rank whether any gradient
-  // overflowed (Note [Mixed precision in the engine]).
+  // overflowed (Note [Mixed precision in the engine]). The CPU Adam (offload)
+  // folds both into passes it makes anyway: the norm of the scaled gradients
+  // (reduced over the world under ZeRO) is non-finite exactly when some
+  // gradient overflowed, and the kernel multiplies each gradient by
+  // 1/scale x the clipping coefficient as it reads it.
+  auto* cpu_adam = dynamic_cast<optim::detail::CpuAdamBase*>(m.optimizer.get());
+  const bool fold = cpu_adam != nullptr && m.norm_group == m.world;
   if (m.scaler) {
     st.loss_scale = m.scaler->scale();
-    const std::vector<at::Tensor> grads = m.current_grads();
-    amp::unscale_(grads, m.scaler->inv_scale());
-    st.overflow = amp::found_non_finite(grads, m.world);
-    m.scaler->update(st.overflow);
+    if (!fold) {
+      const std::vector<at::Tensor> grads = m.current_grads();
+      amp::unscale_(grads, m.scaler->inv_scale());
+      st.overflow = amp::found_non_finite(grads, m.world);
+      m.scaler->update(st.overflow);
+    }
   }
   // 6. Global norm, clipping, one optimizer step.
   for (auto& e : m.norm_entries) e.grad = m.grad_of(e.param);
   optim::ClipResult clip;
-  if (!st.overflow) clip = optim::clip_grad_norm(m.norm_entries, m.optim.grad_clip, m.norm_group);
+  if (fold) {
+    clip = optim::clip_grad_norm(m.norm_entries, /*max_norm=*/0.0, m.norm_group);  // the norm only
+    const double inv = m.scaler ? m.scaler->inv_scale() : 1.0;
+    if (m.scaler) {
+      st.overflow = !clip.finite;
+      m.scaler->update(st.overflow);
+    }
+    if (clip.finite) {
+      clip.norm *= inv;
+      const double clip_max = m.optim.grad_clip;
+      clip.coefficient = clip_max > 0 && clip.norm > clip_max ? clip_max / (clip.norm + 1e-6) : 1.0;
+      cpu_adam->set_grad_scale(inv * clip.coefficient);
+    }
+  } else if (!st.overflow) {
+    clip = optim::clip_grad_norm(m.norm_entries, m.optim.grad_clip, m.norm_group);
+  }
   if (!st.overflow && clip.finite) {
     m.optimizer->step(step_lr);
     for (auto& zero : m.zeros) {

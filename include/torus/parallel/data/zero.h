@@ -211,6 +211,8 @@ class Zero : public GradSync, public parallel::BlockHooks {
   struct Stats {
     int64_t reduce_scatters = 0;
     int64_t all_gathers = 0;
+    int64_t reduce_scatter_bytes = 0;  // input bytes of this rank's reduce-scatters (the full unit buffers)
+    int64_t all_gather_bytes = 0;      // output bytes of its all-gathers
     int64_t prefetch_hits = 0;  // stage 3: a block's gather was already in flight when it was needed
     double comm_wait_seconds = 0;  // time spent waiting for collectives
   };
