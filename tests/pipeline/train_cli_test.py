@@ -26,7 +26,7 @@ def main():
     h = subprocess.run([exe, "--help"], capture_output=True, text=True, timeout=60)
     check(h.returncode == 0, f"--help exited {h.returncode}: {h.stderr}")
     for opt in ("--tp", "--pp", "--dp", "--schedule", "--micro-batches", "--steps", "--lr", "--warmup", "--seed",
-                "--data", "--eval-interval", "--config", "--zero", "--offload", "--zero-prefetch", "--force"):
+                "--data", "--eval-interval", "--config", "--zero", "--offload", "--zero-prefetch", "--[no-]force"):
         check(opt in h.stdout, f"--help does not list {opt}")
 
     # Bad input: a clear error, exit 2, before any communication (no launcher needed).
