@@ -37,7 +37,8 @@ def main():
                    "self,vader,tcp", "--mca", "btl_tcp_if_include", "lo", "--mca", "oob_tcp_if_include", "lo",
                    "-x", "TORUS_LOG_LEVEL=warn", "-np", str(n), exe, "--sizes", args.sizes, "--steps", args.steps,
                    "--micro", args.micro, "--json", out] + ([] if args.no_check else ["--check"]) + extra
-            print(f"# {n} ranks: {' '.join(cmd[cmd.index(exe):])}", flush=True)
+            shown = [("FILE" if c == out else c) for c in cmd[cmd.index(exe):]]
+            print(f"# {n} ranks: {' '.join(shown)}", flush=True)
             r = subprocess.run(cmd, text=True, capture_output=True)
             sys.stdout.write(r.stdout)
             if r.returncode != 0:
