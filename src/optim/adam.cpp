@@ -33,22 +33,26 @@ void AdamOptions::validate() const {
 
 namespace detail {
 
+AdamOptions resolve_adam_group(const AdamOptions& base, const ParamGroup& pg, double weight_decay,
+                               std::string_view who, size_t g) {
+  TORUS_CHECK(!pg.momentum && !pg.dampening && !pg.nesterov, InvalidArgument,
+              "{}: group {} sets momentum, dampening or nesterov, which {} does not use", who, g, who);
+  AdamOptions r = base;
+  r.beta1 = pg.beta1.value_or(r.beta1);
+  r.beta2 = pg.beta2.value_or(r.beta2);
+  r.eps = pg.eps.value_or(r.eps);
+  r.weight_decay = weight_decay;
+  check(r, fmt::format("{} group {}", who, g));
+  return r;
+}
+
 AdamBase::AdamBase(std::string_view who, bool decoupled, std::vector<ParamGroup> groups, AdamOptions options,
                    OptimizerOptions common)
     : Optimizer(who, std::move(groups), checked(options, who).lr, options.weight_decay, common),
       decoupled_(decoupled),
       options_(options) {
   for (size_t g = 0; g < num_groups(); ++g) {
-    const ParamGroup& pg = this->groups()[g];
-    TORUS_CHECK(!pg.momentum && !pg.dampening && !pg.nesterov, InvalidArgument,
-                "{}: group {} sets momentum, dampening or nesterov, which {} does not use", who, g, who);
-    AdamOptions r = options_;
-    r.beta1 = pg.beta1.value_or(r.beta1);
-    r.beta2 = pg.beta2.value_or(r.beta2);
-    r.eps = pg.eps.value_or(r.eps);
-    r.weight_decay = weight_decay(g);
-    check(r, fmt::format("{} group {}", who, g));
-    resolved_.push_back(r);
+    resolved_.push_back(resolve_adam_group(options_, this->groups()[g], weight_decay(g), who, g));
   }
 }
 

@@ -105,19 +105,7 @@ CpuAdamBase::CpuAdamBase(std::string_view who, bool decoupled, std::vector<Param
   TORUS_CHECK(cpu_.threads >= 0, InvalidArgument, "{}: threads must be >= 0, got {}", who, cpu_.threads);
   for (size_t g = 0; g < num_groups(); ++g) {
     const ParamGroup& pg = this->groups()[g];
-    TORUS_CHECK(!pg.momentum && !pg.dampening && !pg.nesterov, InvalidArgument,
-                "{}: group {} sets momentum, dampening or nesterov, which {} does not use", who, g, who);
-    AdamOptions r = options_;
-    r.beta1 = pg.beta1.value_or(r.beta1);
-    r.beta2 = pg.beta2.value_or(r.beta2);
-    r.eps = pg.eps.value_or(r.eps);
-    r.weight_decay = weight_decay(g);
-    try {
-      r.validate();
-    } catch (const InvalidArgument& e) {
-      throw InvalidArgument(fmt::format("{} group {}: {}", who, g, e.what()));
-    }
-    resolved_.push_back(r);
+    resolved_.push_back(resolve_adam_group(options_, pg, weight_decay(g), who, g));
     for (size_t i = 0; i < pg.params.size(); ++i) {
       const at::Tensor& p = pg.params[i];
       TORUS_CHECK(p.device().is_cpu(), InvalidArgument, "{}: parameter '{}' is on {} (CPU parameters only)", who,

@@ -17,33 +17,17 @@
 #include "parallel/parallel_test_util.h"
 #include "torus/core/error.h"
 #include "torus/models/gpt.h"
-#include "torus/train/corpus.h"
 #include "torus/train/gpt_model.h"
+#include "train/engine_test_util.h"
 
 namespace torus::train {
 namespace {
 
 using testing::world;
 
-models::GPTConfig small_gpt(c10::ScalarType dtype) {
-  models::GPTConfig c = models::GPTConfig::tiny();  // 2 layers, width 32, 4 heads, seq 16, vocab 61
-  c.vocab_size = 256;
-  c.max_seq_len = 32;
-  c.num_layers = 4;
-  c.hidden = 64;
-  c.dtype = dtype;
-  return c;
-}
+using testing_util::small_gpt;
 
-// The batch of step k, the same on every rank: windows of the default corpus.
-at::Tensor batch_of(int64_t step, int64_t rows, int64_t seq) {
-  static const Corpus corpus = Corpus::load(default_corpus_path());
-  static const CorpusSplit split = corpus.split(0.1);
-  const BatchSampler s(split.train, seq, rows, 99, "train");
-  const std::vector<int64_t> tokens = s.batch(step);
-  return at::from_blob(const_cast<int64_t*>(tokens.data()), {rows, seq + 1}, at::TensorOptions().dtype(at::kLong))
-      .clone();
-}
+at::Tensor batch_of(int64_t step, int64_t rows, int64_t seq) { return testing_util::batch_of(step, rows, seq, 99); }
 
 StateDict snapshot(const Trainer& t) {
   StateDict s = t.state_dict();

@@ -31,6 +31,13 @@ struct AdamOptions {
 
 namespace detail {
 
+// The options of group `g` of an Adam-family optimizer: `base` with the
+// group's overrides (betas, eps) and its resolved weight decay. Throws
+// InvalidArgument naming `who` and the group when the group sets an SGD
+// option or a value is out of range.
+AdamOptions resolve_adam_group(const AdamOptions& base, const ParamGroup& group, double weight_decay,
+                               std::string_view who, size_t g);
+
 // Adam and AdamW differ only in how the weight decay enters.
 class AdamBase : public Optimizer {
  public:
