@@ -71,17 +71,8 @@ class TorusImpl:
         return self.args[0], self.args[2], self.args[3]
 
 
-class TorchImpl:
-    def __init__(self, p, g, m, v, fused):
-        import torch
-        self.name = "torch fused" if fused else "torch foreach"
-        self.params = [t.requires_grad_() for t in p]
-        for t, gr in zip(self.params, g):
-            t.grad = gr
-        self.opt = torch.optim.AdamW(self.params, lr=LR, betas=BETAS, eps=EPS, weight_decay=WD,
-                                     foreach=not fused, fused=fused)
-        for t, mm, vv in zip(self.params, m, v):  # start from the given moments
-            self.opt.state[t] = {"step": torch.tensor(0.0), "exp_avg": mm, "exp_avg_sq": vv}
+class _TorchStylePeer:
+    """A torch-style optimizer (self.opt over self.params): one step, and its state read back."""
 
     def step(self):
         import torch
@@ -93,7 +84,20 @@ class TorchImpl:
                 [self.opt.state[t]["exp_avg_sq"] for t in self.params])
 
 
-class DeepSpeedImpl:
+class TorchImpl(_TorchStylePeer):
+    def __init__(self, p, g, m, v, fused):
+        import torch
+        self.name = "torch fused" if fused else "torch foreach"
+        self.params = [t.requires_grad_() for t in p]
+        for t, gr in zip(self.params, g):
+            t.grad = gr
+        self.opt = torch.optim.AdamW(self.params, lr=LR, betas=BETAS, eps=EPS, weight_decay=WD,
+                                     foreach=not fused, fused=fused)
+        for t, mm, vv in zip(self.params, m, v):  # start from the given moments
+            self.opt.state[t] = {"step": torch.tensor(0.0), "exp_avg": mm, "exp_avg_sq": vv}
+
+
+class DeepSpeedImpl(_TorchStylePeer):
     name = "deepspeed"
 
     def __init__(self, p, g, m, v):
@@ -106,15 +110,6 @@ class DeepSpeedImpl:
         import torch
         for t, mm, vv in zip(self.params, m, v):
             self.opt.state[t] = {"step": 0, "exp_avg": mm, "exp_avg_sq": vv}
-
-    def step(self):
-        import torch
-        with torch.no_grad():
-            self.opt.step()
-
-    def state(self):
-        return ([t.detach() for t in self.params], [self.opt.state[t]["exp_avg"] for t in self.params],
-                [self.opt.state[t]["exp_avg_sq"] for t in self.params])
 
 
 def max_rel(a, b):
