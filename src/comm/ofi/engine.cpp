@@ -114,6 +114,8 @@ Engine::~Engine() {
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
 
+  // Read before failing the pending ops below: that failure is not a peer's.
+  const bool after_hard_failure = hard_failure_ || wedged_.load();
   std::vector<Completion> done;
   {
     std::lock_guard<std::mutex> driver(driver_mu_);
@@ -140,8 +142,23 @@ Engine::~Engine() {
     groups_.clear();
   }
   complete(done);
+  if (after_hard_failure) {
+    // Note [Teardown after a hard failure]: keep what the provider may
+    // still point at, and close nothing.
+    TORUS_LOG_DEBUG("ofi: teardown after a hard failure leaves the endpoint open until the process exits");
+    fabric_->abandon_objects();
+    new std::vector<MemoryRegion>(std::move(control_mrs_));                    // deliberately leaked
+    new std::vector<MemoryRegion>(std::move(graveyard_regs_));                 // deliberately leaked
+    new std::vector<std::unique_ptr<Scratch>>(std::move(graveyard_scratch_));  // deliberately leaked
+    new std::vector<std::vector<char>>(std::move(control_bufs_));             // deliberately leaked
+    new std::deque<std::vector<char>>(std::move(notice_bufs_));              // deliberately leaked
+    scratch_pool_.clear();
+    (void)fabric_.release();  // deliberately leaked: its objects stay open
+    return;
+  }
   // Closing the endpoint ends every transfer; only then may the memory that
   // pending operations point at go away.
+  fabric_->close_endpoint();
   control_mrs_.clear();
   graveyard_scratch_.clear();
   graveyard_regs_.clear();
@@ -506,6 +523,7 @@ void Engine::fail(Op& op, std::exception_ptr error, std::vector<Completion>& don
     what += fmt::format("; note: {}", fmt::join(dead, "; "));
     error = timed_out ? std::make_exception_ptr(TimeoutError(what)) : std::make_exception_ptr(CommError(what));
   }
+  if (!timed_out) hard_failure_ = true;
   if (op.group->set_broken(what)) {
     TORUS_LOG_WARN("ofi: group '{}' is broken: {}", op.group->name, what);
     if (!timed_out) announce(*op.group, what, suspect);

@@ -52,6 +52,19 @@
 // is wedged for good. Every group of the world breaks (CommError naming the
 // peer; peers are told), nothing polls the CQ again, and teardown closes the
 // endpoint without waiting for anything.
+//
+// Note [Teardown after a hard failure]: once a peer died or a group broke
+// with a hard failure (this rank's or a peer's abort notice), teardown
+// leaves the endpoint, CQ, AV, domain and fabric open, and keeps the memory
+// pending transfers point at (scratch, registered regions, control
+// buffers), instead of closing them: libfabric's rxm over tcp intermittently
+// crashed inside fi_close of the CQ with transfers to a dead peer still
+// queued (about 1 in 30 teardowns on a loaded host). The process exits
+// soon after such a failure, and the OS reclaims the sockets and memory; a
+// process that builds a new world after one pays one endpoint's memory.
+// Teardown after clean runs and after timeouts (the peers live) closes
+// everything in order: endpoint and CQ first, then the memory, then the
+// domain.
 #pragma once
 
 #include <sys/types.h>
@@ -448,6 +461,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
 
   std::unique_ptr<ProviderMark> mark_;  // held by the fabric inside provider calls; may be null
   std::atomic<bool> wedged_{false};     // Note [Wedged endpoint]
+  bool hard_failure_ = false;           // Note [Teardown after a hard failure]; driver thread
   Clock::time_point inbox_busy_since_{}, next_wedge_scan_{};
   std::vector<size_t> control_reposts_;  // control receives to repost once the inbox is free
 

@@ -314,6 +314,7 @@ void Engine::handle_control(Request* r) {
     std::memcpy(&m, control_bufs_[i].data(), sizeof(m));
     m.reason[sizeof(m.reason) - 1] = '\0';
     if (m.magic == kControlMagic) {
+      hard_failure_ = true;  // only hard failures are announced (Note [Failure])
       // The sender found a peer gone that may be on this host too: never
       // send to it again (Note [Never send to the dead]).
       if (m.gone_world != world_rank_ && local_pid(m.gone_world) > 0) {  // in range and on this host

@@ -150,6 +150,20 @@ Fabric::Fabric(const FabricOptions& options) {
 
 Fabric::~Fabric() = default;
 
+void Fabric::abandon_objects() {
+  (void)ep_.release();
+  (void)cq_.release();
+  (void)av_.release();
+  (void)domain_.release();
+  (void)fabric_.release();
+}
+
+void Fabric::close_endpoint() {
+  InProvider in(mark_);
+  ep_.reset();
+  cq_.reset();
+}
+
 std::string Fabric::describe() const {
   return fmt::format("provider '{}' fabric '{}' domain '{}' (mr_mode {}, rma {}, max message {}, address {} bytes)",
                      provider_, fabric_name_, domain_name_, mr_mode_string(mr_mode_), has_rma_ ? "yes" : "no",

@@ -138,6 +138,18 @@ class Fabric {
   // (liveness.h, Note [Dead local peers]); null: none. Set before use.
   void set_mark(ProviderMark* mark) { mark_ = mark; }
 
+  // Closes the endpoint and its CQ, which ends every transfer: only after
+  // this may memory that pending operations point at (scratch, registered
+  // regions) be freed. Closing the CQ can still drive the provider over
+  // its buffers (tcp/rxm copies queued data there), so memory must outlive
+  // both. Memory regions stay valid until the Fabric is destroyed. Nothing
+  // may be posted or polled afterwards. Idempotent.
+  void close_endpoint();
+  // Leaves every libfabric object open for good (Note [Teardown after a
+  // hard failure], engine.h): nothing is closed, now or at destruction.
+  // Nothing may be posted or polled afterwards.
+  void abandon_objects();
+
   // Registers [buf, buf+len) for `access` (FI_SEND|FI_RECV|FI_WRITE|
   // FI_REMOTE_WRITE...). Throws CommError.
   MemoryRegion register_memory(const void* buf, size_t len, uint64_t access, MemoryKind kind = MemoryKind::kHost,
