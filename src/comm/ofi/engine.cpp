@@ -146,14 +146,17 @@ Engine::~Engine() {
     // Note [Teardown after a hard failure]: keep what the provider may
     // still point at, and close nothing.
     TORUS_LOG_DEBUG("ofi: teardown after a hard failure leaves the endpoint open until the process exits");
+    struct Kept {
+      std::unique_ptr<Fabric> fabric;
+      std::vector<MemoryRegion> control_mrs, regs;
+      std::vector<std::unique_ptr<Scratch>> scratch;
+      std::vector<std::vector<char>> control_bufs;
+      std::deque<std::vector<char>> notice_bufs;
+    };
     fabric_->abandon_objects();
-    new std::vector<MemoryRegion>(std::move(control_mrs_));                    // deliberately leaked
-    new std::vector<MemoryRegion>(std::move(graveyard_regs_));                 // deliberately leaked
-    new std::vector<std::unique_ptr<Scratch>>(std::move(graveyard_scratch_));  // deliberately leaked
-    new std::vector<std::vector<char>>(std::move(control_bufs_));             // deliberately leaked
-    new std::deque<std::vector<char>>(std::move(notice_bufs_));              // deliberately leaked
-    scratch_pool_.clear();
-    (void)fabric_.release();  // deliberately leaked: its objects stay open
+    new Kept{std::move(fabric_), std::move(control_mrs_), std::move(graveyard_regs_),  // deliberately leaked
+             std::move(graveyard_scratch_), std::move(control_bufs_), std::move(notice_bufs_)};
+    scratch_pool_.clear();  // idle: no transfer points at it
     return;
   }
   // Closing the endpoint ends every transfer; only then may the memory that

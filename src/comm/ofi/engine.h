@@ -50,8 +50,8 @@
 // the count stays up for kInboxWedgeAfter and a same-host peer is gone, that
 // peer died inside the send, holding this rank's region lock: the endpoint
 // is wedged for good. Every group of the world breaks (CommError naming the
-// peer; peers are told), nothing polls the CQ again, and teardown closes the
-// endpoint without waiting for anything.
+// peer; peers are told), nothing polls the CQ again, and teardown closes
+// nothing (Note [Teardown after a hard failure]).
 //
 // Note [Teardown after a hard failure]: once a peer died or a group broke
 // with a hard failure (this rank's or a peer's abort notice), teardown

@@ -140,10 +140,8 @@ class Fabric {
 
   // Closes the endpoint and its CQ, which ends every transfer: only after
   // this may memory that pending operations point at (scratch, registered
-  // regions) be freed. Closing the CQ can still drive the provider over
-  // its buffers (tcp/rxm copies queued data there), so memory must outlive
-  // both. Memory regions stay valid until the Fabric is destroyed. Nothing
-  // may be posted or polled afterwards. Idempotent.
+  // regions) be freed. Memory regions stay valid until the Fabric is
+  // destroyed. Nothing may be posted or polled afterwards. Idempotent.
   void close_endpoint();
   // Leaves every libfabric object open for good (Note [Teardown after a
   // hard failure], engine.h): nothing is closed, now or at destruction.
