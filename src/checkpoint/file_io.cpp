@@ -1,0 +1,230 @@
+// Checked file I/O for checkpoints (file_io.h): every system call's result is
+// looked at, and a failure names the path, the call and errno.
+#include "checkpoint/file_io.h"
+
+#include <fcntl.h>
+#include <openssl/evp.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <filesystem>
+#include <vector>
+
+#include "core/log.h"
+
+namespace torus::ckpt {
+
+namespace {
+
+// The injected failure: bytes the writers may still write (-1: off), and the
+// errno they fail with once a write would pass it.
+std::atomic<int64_t> g_write_budget{-1};
+std::atomic<int> g_write_errno{28};
+
+[[noreturn]] void fail_sys(const char* call, const std::string& path, int err) {
+  throw CheckpointError(fmt::format("checkpoint: {} {}: {}", call, path, detail::errno_string(err)));
+}
+
+// Takes `bytes` out of the injected budget; false when the write must fail.
+bool take_budget(uint64_t bytes) {
+  int64_t cur = g_write_budget.load();
+  while (cur >= 0) {
+    if (bytes > static_cast<uint64_t>(cur)) return false;
+    if (g_write_budget.compare_exchange_weak(cur, cur - static_cast<int64_t>(bytes))) return true;
+  }
+  return true;
+}
+
+int open_retry(const char* path, int flags, mode_t mode = 0) {
+  int fd;
+  do {
+    fd = ::open(path, flags, mode);
+  } while (fd < 0 && errno == EINTR);
+  return fd;
+}
+
+std::string to_hex(const unsigned char* p, size_t n) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out(2 * n, '0');
+  for (size_t i = 0; i < n; ++i) {
+    out[2 * i] = kHex[p[i] >> 4];
+    out[2 * i + 1] = kHex[p[i] & 0xF];
+  }
+  return out;
+}
+
+struct MdCtx {
+  EVP_MD_CTX* ctx;
+  explicit MdCtx(const std::string& what) : ctx(EVP_MD_CTX_new()) {
+    if (ctx == nullptr || EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr) != 1) {
+      EVP_MD_CTX_free(ctx);
+      throw CheckpointError(fmt::format("checkpoint: {}: cannot start a SHA-256 digest (OpenSSL)", what));
+    }
+  }
+  ~MdCtx() { EVP_MD_CTX_free(ctx); }
+  MdCtx(const MdCtx&) = delete;
+  MdCtx& operator=(const MdCtx&) = delete;
+  void update(const void* p, size_t n, const std::string& what) {
+    if (n != 0 && EVP_DigestUpdate(ctx, p, n) != 1) {
+      throw CheckpointError(fmt::format("checkpoint: {}: SHA-256 update failed (OpenSSL)", what));
+    }
+  }
+  std::string hex(const std::string& what) {
+    unsigned char md[EVP_MAX_MD_SIZE];
+    unsigned int len = 0;
+    if (EVP_DigestFinal_ex(ctx, md, &len) != 1) {
+      throw CheckpointError(fmt::format("checkpoint: {}: SHA-256 final failed (OpenSSL)", what));
+    }
+    return to_hex(md, len);
+  }
+};
+
+}  // namespace
+
+void inject_write_failure(int64_t fail_after_bytes, int error) {
+  g_write_errno.store(error);
+  g_write_budget.store(fail_after_bytes < 0 ? -1 : fail_after_bytes);
+}
+
+struct FileWriter::Hash {
+  explicit Hash(const std::string& what) : md(what) {}
+  MdCtx md;
+};
+
+FileWriter::FileWriter(std::string path) : path_(std::move(path)), hash_(std::make_unique<Hash>(path_)) {
+  fd_ = open_retry(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd_ < 0) fail_sys("create", path_, errno);
+}
+
+FileWriter::~FileWriter() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void FileWriter::write(const void* data, size_t bytes) {
+  TORUS_CHECK(fd_ >= 0, InvalidArgument, "checkpoint: write {}: the writer is already closed", path_);
+  if (!take_budget(bytes)) fail_sys("write", path_, g_write_errno.load());
+  const auto* p = static_cast<const uint8_t*>(data);
+  size_t done = 0;
+  while (done < bytes) {
+    ssize_t w = ::write(fd_, p + done, bytes - done);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      fail_sys("write", path_, errno);
+    }
+    // write(2) of a regular file returns 0 only when nothing more fits.
+    if (w == 0) fail_sys("write", path_, ENOSPC);
+    hash_->md.update(p + done, static_cast<size_t>(w), path_);
+    done += static_cast<size_t>(w);
+    written_ += static_cast<uint64_t>(w);
+  }
+}
+
+std::string FileWriter::close() {
+  TORUS_CHECK(fd_ >= 0, InvalidArgument, "checkpoint: close {}: the writer is already closed", path_);
+  const int fd = fd_;
+  fd_ = -1;  // close(2) is never retried: the descriptor is gone either way
+  if (::fsync(fd) != 0) {
+    int err = errno;
+    ::close(fd);
+    fail_sys("fsync", path_, err);
+  }
+  if (::close(fd) != 0) fail_sys("close", path_, errno);
+  return hash_->md.hex(path_);
+}
+
+std::string write_file(const std::string& path, const std::string& text) {
+  FileWriter w(path);
+  w.write(text.data(), text.size());
+  return w.close();
+}
+
+void fsync_dir(const std::string& path) {
+  int fd = open_retry(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) fail_sys("open directory", path, errno);
+  if (::fsync(fd) != 0) {
+    int err = errno;
+    ::close(fd);
+    fail_sys("fsync directory", path, err);
+  }
+  if (::close(fd) != 0) fail_sys("close directory", path, errno);
+}
+
+void rename_durable(const std::string& from, const std::string& to) {
+  if (::rename(from.c_str(), to.c_str()) != 0) {
+    int err = errno;
+    throw CheckpointError(
+        fmt::format("checkpoint: rename {} to {}: {}", from, to, detail::errno_string(err)));
+  }
+  std::filesystem::path parent = std::filesystem::path(to).parent_path();
+  fsync_dir(parent.empty() ? std::string(".") : parent.string());
+}
+
+std::string sha256_file(const std::string& path) {
+  int fd = open_retry(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail_sys("open", path, errno);
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  MdCtx md(path);
+  std::vector<unsigned char> buf(4 << 20);
+  for (;;) {
+    ssize_t r = ::read(fd, buf.data(), buf.size());
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      fail_sys("read", path, errno);
+    }
+    if (r == 0) break;
+    md.update(buf.data(), static_cast<size_t>(r), path);
+  }
+  return md.hex(path);
+}
+
+std::string sha256_hex(const void* data, size_t bytes) {
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  if (EVP_Digest(data, bytes, md, &len, EVP_sha256(), nullptr) != 1) {
+    throw CheckpointError("checkpoint: SHA-256 failed (OpenSSL)");
+  }
+  return to_hex(md, len);
+}
+
+MappedFile::MappedFile(const std::string& path) : path_(path) {
+  int fd = open_retry(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail_sys("open", path_, errno);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    int err = errno;
+    ::close(fd);
+    fail_sys("fstat", path_, err);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw CheckpointError(fmt::format("checkpoint: map {}: not a regular file", path_));
+  }
+  size_ = static_cast<uint64_t>(st.st_size);
+  if (size_ > 0) {
+    void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (p == MAP_FAILED) {
+      int err = errno;
+      ::close(fd);
+      fail_sys("mmap", path_, err);
+    }
+    data_ = static_cast<const uint8_t*>(p);
+  }
+  // The mapping outlives the descriptor.
+  if (::close(fd) != 0) {
+    int err = errno;
+    if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
+    fail_sys("close", path_, err);
+  }
+}
+
+MappedFile::~MappedFile() {
+  if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
+}
+
+}  // namespace torus::ckpt

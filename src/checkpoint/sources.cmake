@@ -1,0 +1,6 @@
+# The checkpoint layer. The safetensors header and the checked file I/O are
+# free of LibTorch and go into torus_base.
+target_sources(torus_base PRIVATE
+  ${CMAKE_CURRENT_LIST_DIR}/safetensors.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/file_io.cpp)
+# The torch-facing checkpoint sources (target_sources(torus PRIVATE ...)) are added here later.
