@@ -7,6 +7,7 @@
 #include <Python.h>
 
 #include "bindings.h"
+#include "torus/checkpoint/safetensors.h"
 #include "torus/config.h"
 #include "torus/core/error.h"
 #include "torus/core/host_allocator.h"
@@ -36,6 +37,7 @@ void bind_core(py::module_& m) {
       new_exception(m, "TimeoutError", py::make_tuple(py::handle(error), py::handle(PyExc_TimeoutError)));
   static PyObject* unsupported =
       new_exception(m, "Unsupported", py::make_tuple(py::handle(error), py::handle(PyExc_NotImplementedError)));
+  static PyObject* checkpoint = new_exception(m, "CheckpointError", py::make_tuple(py::handle(error)));
 
   py::register_exception_translator([](std::exception_ptr p) {
     try {
@@ -48,6 +50,8 @@ void bind_core(py::module_& m) {
       PyErr_SetString(comm, e.what());
     } catch (const torus::Unsupported& e) {
       PyErr_SetString(unsupported, e.what());
+    } catch (const torus::ckpt::CheckpointError& e) {
+      PyErr_SetString(checkpoint, e.what());
     } catch (const torus::Error& e) {
       PyErr_SetString(error, e.what());
     }

@@ -22,6 +22,8 @@
 #include "torus/core/error.h"
 #include "torus/models/gpt.h"
 #include "torus/parallel/data/zero.h"
+#include "torus/checkpoint/checkpoint.h"
+#include "torus/train/checkpointing.h"
 #include "torus/train/corpus.h"
 #include "torus/train/gpt_model.h"
 #include "torus/train/lr_schedule.h"
@@ -257,6 +259,15 @@ void bind_trainer(py::module_& m) {
             return out;
           },
           "Copies of the full (TP-gathered) parameters this rank holds, by global name. Collective over tp.")
+      .def(
+          "state_dict",
+          [](const Trainer& t) {
+            py::dict out;
+            for (const auto& [key, st] : t.state_dict()) out[py::str(key)] = st.tensor.detach();
+            return out;
+          },
+          "This rank's state by global name (model.*, optim.*, scaler.*, rng.*, engine.*), aliasing the live "
+          "tensors (clone to keep a snapshot). Under ZeRO, a ZeRO-sharded tensor is this rank's flat segment.")
       .def("num_parameters", &Trainer::num_parameters)
       .def("flops_per_token", &Trainer::flops_per_token, py::arg("seq_len"))
       .def("is_logging_rank", &Trainer::is_logging_rank)
@@ -494,9 +505,103 @@ void bind_report(py::module_& m) {
         "The text of one progress bar: \"[####....] 40/200 step | 1520 tok/s | eta 1m12s\".");
 }
 
+// torus._C.checkpoint (python/torus/checkpoint.py documents it).
+void bind_checkpoint(py::module_& m) {
+  using train::Trainer;
+  py::class_<train::Checkpointer, std::shared_ptr<train::Checkpointer>>(
+      m, "Checkpointer", "Saves a trainer's checkpoints (train/checkpointing.h). Collective.")
+      .def(py::init([](comm::ProcessGroupPtr world, std::shared_ptr<Trainer> trainer, const std::string& dir,
+                       int64_t every, int keep_last, bool async_save, double peer_timeout_s, int zero_stage,
+                       const std::string& precision, const std::string& model, const std::string& data) {
+             train::CheckpointPolicy p;
+             p.dir = dir;
+             p.every = every;
+             p.keep_last = keep_last;
+             p.async = async_save;
+             p.peer_timeout_s = peer_timeout_s;
+             train::RunDescription d;
+             d.layout = train::layout_json(*trainer, zero_stage, precision);
+             d.model = model;
+             d.data = data;
+             py::gil_scoped_release release;
+             auto c = std::shared_ptr<train::Checkpointer>(new train::Checkpointer(world, *trainer, p, d),
+                                                           [trainer](train::Checkpointer* x) { delete x; });
+             return c;
+           }),
+           py::arg("world"), py::arg("trainer"), py::arg("dir"), py::arg("every") = 0, py::arg("keep_last") = 0,
+           py::arg("async_save") = false, py::arg("peer_timeout_s") = 600.0, py::arg("zero_stage") = 0,
+           py::arg("precision") = "f32", py::arg("model") = "{}", py::arg("data") = "{}")
+      .def("save", &train::Checkpointer::save, py::arg("step"), py::arg("metrics") = "{}", Release(),
+           "Saves now (collective; async: returns after the snapshot).")
+      .def("after_step", &train::Checkpointer::after_step, py::arg("step"), py::arg("last"),
+           py::arg("metrics") = "{}", Release())
+      .def("wait", &train::Checkpointer::wait, Release(),
+           "Waits for a background save and agrees on its success (collective).")
+      .def_property_readonly("last_stall_s", &train::Checkpointer::last_stall_s)
+      .def_property_readonly("last_save_s", &train::Checkpointer::last_save_s)
+      .def_property_readonly("last_path", &train::Checkpointer::last_path)
+      .def_property_readonly("run_id", &train::Checkpointer::run_id);
+
+  m.def(
+      "resume",
+      [](const comm::ProcessGroupPtr& world, Trainer& trainer, const std::string& spec, const std::string& dir,
+         int zero_stage, const std::string& precision) {
+        train::LoadReport r;
+        {
+          py::gil_scoped_release release;
+          r = train::resume(world, trainer, spec, dir, train::layout_json(trainer, zero_stage, precision));
+        }
+        py::dict d;
+        d["path"] = r.path;
+        d["step"] = r.step;
+        d["same_layout"] = r.same_layout;
+        d["kept"] = r.kept;
+        return d;
+      },
+      py::arg("world"), py::arg("trainer"), py::arg("spec"), py::arg("dir") = "", py::arg("zero_stage") = 0,
+      py::arg("precision") = "f32",
+      "Loads a checkpoint into the trainer in any layout (collective); spec: 'auto' or a path.");
+  m.def(
+      "list",
+      [](const std::string& dir) {
+        py::list out;
+        for (const auto& l : ckpt::list_checkpoints(dir)) {
+          py::dict d;
+          d["path"] = l.path;
+          d["step"] = l.step;
+          d["complete"] = l.complete;
+          d["problem"] = l.problem;
+          out.append(d);
+        }
+        return out;
+      },
+      py::arg("dir"), "The checkpoints in a save directory, oldest first.");
+  m.def(
+      "verify",
+      [](const std::string& path) {
+        py::gil_scoped_release release;
+        const auto ck = ckpt::Checkpoint::open(path);
+        ck.verify();
+        for (const auto& [name, t] : ck.tensors()) (void)ck.read_full(name);
+        return ck.info().step;
+      },
+      py::arg("path"), "Checks every file's SHA-256 and header; returns the step. Raises CheckpointError.");
+  m.def(
+      "export",
+      [](const std::string& path, const std::string& out, const std::string& prefix) {
+        py::gil_scoped_release release;
+        const auto ck = ckpt::Checkpoint::open(path);
+        return ckpt::export_safetensors(ck, out, prefix);
+      },
+      py::arg("path"), py::arg("out"), py::arg("prefix") = "model.",
+      "One consolidated safetensors file of the full tensors named prefix* (without it).");
+}
+
 }  // namespace
 
 void bind_train(py::module_& m) {
+  auto checkpoint = m.def_submodule("checkpoint", "Sharded checkpoints (torus::ckpt, torus::train checkpointing).");
+  bind_checkpoint(checkpoint);
   auto train = m.def_submodule("train", "The training engine, loop and utilities (torus::train).");
   bind_layout(train);
   bind_trainer(train);

@@ -23,6 +23,7 @@ import torch  # noqa: F401  (loads LibTorch before the extension)
 
 from . import _C  # noqa: E402
 from ._C import (  # noqa: F401
+    CheckpointError,
     CommError,
     DeviceMesh,
     Error,
@@ -42,7 +43,7 @@ from ._C import (  # noqa: F401
     shared_host_allocator_installed,
     shared_host_pool_stats,
 )
-from . import models, optim, parallel, pipeline, train  # noqa: E402,F401  (after _C: they import it)
+from . import checkpoint, models, optim, parallel, pipeline, train  # noqa: E402,F401  (after _C: they import it)
 
 
 def shared_host_zeros(shape, dtype=torch.float32):
@@ -66,6 +67,7 @@ def shared_host_zeros(shape, dtype=torch.float32):
 
 
 __all__ = [
+    "CheckpointError",
     "CommError",
     "DeviceMesh",
     "Error",

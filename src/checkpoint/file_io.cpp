@@ -2,7 +2,9 @@
 // looked at, and a failure names the path, the call and errno.
 #include "checkpoint/file_io.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <openssl/evp.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -139,6 +141,61 @@ std::string write_file(const std::string& path, const std::string& text) {
   FileWriter w(path);
   w.write(text.data(), text.size());
   return w.close();
+}
+
+namespace {
+thread_local std::string t_remove_failed;  // the entry nftw stopped at (no exception through C frames)
+thread_local int t_remove_errno = 0;
+int remove_entry(const char* path, const struct stat*, int flag, struct FTW*) {
+  const int rc = (flag == FTW_DP) ? ::rmdir(path) : ::unlink(path);
+  if (rc != 0 && errno != ENOENT) {
+    t_remove_errno = errno;
+    t_remove_failed = path;
+    return 1;  // stops the walk
+  }
+  return 0;
+}
+}  // namespace
+
+void remove_tree(const std::string& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return;
+    const int e = errno;
+    throw CheckpointError(fmt::format("checkpoint: cannot remove {}: {}", path, detail::errno_string(e)));
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
+      const int e = errno;
+      throw CheckpointError(fmt::format("checkpoint: cannot remove {}: {}", path, detail::errno_string(e)));
+    }
+    return;
+  }
+  t_remove_failed.clear();
+  const int rc = ::nftw(path.c_str(), remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+  if (rc != 0) {
+    const int e = t_remove_failed.empty() ? errno : t_remove_errno;
+    if (t_remove_failed.empty() && e == ENOENT) return;
+    throw CheckpointError(fmt::format("checkpoint: cannot remove {}: {}",
+                                      t_remove_failed.empty() ? path : t_remove_failed, detail::errno_string(e)));
+  }
+}
+
+std::vector<std::string> list_dir(const std::string& path, bool dirs_only) {
+  std::vector<std::string> out;
+  DIR* d = ::opendir(path.c_str());
+  if (d == nullptr) return out;
+  while (const dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (name == "." || name == "..") continue;
+    if (dirs_only) {
+      struct stat st {};
+      if (::stat((path + "/" + name).c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) continue;
+    }
+    out.push_back(name);
+  }
+  ::closedir(d);
+  return out;
 }
 
 void fsync_dir(const std::string& path) {

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "torus/checkpoint/safetensors.h"
 
@@ -52,6 +53,19 @@ std::string write_file(const std::string& path, const std::string& text);
 void fsync_dir(const std::string& path);
 // rename(2), then fsync of the parent directory of `to`.
 void rename_durable(const std::string& from, const std::string& to);
+
+// Note [No std::filesystem for trees]: LibTorch's shared libraries export
+// std::filesystem functions of an older libstdc++ build, and the dynamic
+// linker may bind ours to them; their remove_all crashes on a non-empty
+// directory. Trees are listed and removed with POSIX calls here.
+//
+// Removes `path` and everything under it (no symlinks followed). A missing
+// path is not an error; any other failure throws CheckpointError naming the
+// entry.
+void remove_tree(const std::string& path);
+// Names of the entries of a directory (not "." and ".."), unsorted; empty
+// when it does not exist. `dirs_only`: directories only.
+std::vector<std::string> list_dir(const std::string& path, bool dirs_only = false);
 
 // Lowercase hex SHA-256 of a file's bytes, read in large blocks.
 std::string sha256_file(const std::string& path);

@@ -3,4 +3,6 @@
 target_sources(torus_base PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/safetensors.cpp
   ${CMAKE_CURRENT_LIST_DIR}/file_io.cpp)
-# The torch-facing checkpoint sources (target_sources(torus PRIVATE ...)) are added here later.
+# Sharded checkpoints over LibTorch tensors (checkpoint.h): writing,
+# verifying, resharding, export.
+target_sources(torus PRIVATE ${CMAKE_CURRENT_LIST_DIR}/checkpoint.cpp)

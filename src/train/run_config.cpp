@@ -84,6 +84,14 @@ std::vector<Entry> table(RunConfig& c) {
       {"tensorboard", &c.tensorboard, "write TensorBoard event files under <out>/tb"},
       {"peak-tflops", &c.peak_tflops, "the job's peak TFLOP/s for MFU (0: the device's; on CPU measured once per host)"},
       {"threads", &c.threads, "intra-op threads per rank (0: cores / local ranks, at least 1)"},
+      {"save-dir", &c.save_dir, "checkpoint directory (empty: <out>/checkpoints)"},
+      {"save-every", &c.save_every, "save a checkpoint every N steps and at the end (0: no periodic saves)"},
+      {"save-final", &c.save_final, "save a checkpoint at the end of the run"},
+      {"keep-last", &c.keep_last, "keep the newest K complete checkpoints, delete older ones (0: keep all)"},
+      {"async-save", &c.async_save, "checkpoint from a host snapshot in a background thread"},
+      {"resume", &c.resume, "resume from: auto (the newest good checkpoint in --save-dir) or a checkpoint path"},
+      {"init-from", &c.init_from, "initial model weights from a safetensors file of global parameter names"},
+      {"save-timeout", &c.save_timeout, "seconds rank 0 waits for the other ranks' checkpoint files"},
       {"fail-rank", &c.fail_rank, "testing: this rank kills itself (SIGKILL) ..."},
       {"fail-step", &c.fail_step, "testing: ... at the start of this step"},
   };
@@ -333,6 +341,9 @@ void RunConfig::validate() const {
         fmt::format("--offload {} needs ZeRO: use it with --zero 1, 2 or 3 (got --zero {})", offload, zero));
   check(offload != "optimizer+params" || zero == 3,
         fmt::format("--offload optimizer+params offloads parameter shards: it needs --zero 3 (got --zero {})", zero));
+  check(save_every >= 0 && keep_last >= 0 && save_timeout > 0,
+        "--save-every and --keep-last must be >= 0, --save-timeout > 0");
+  check(resume.empty() || init_from.empty(), "--resume and --init-from exclude each other: a resumed run has its weights");
   check(zero_prefetch >= 0, fmt::format("--zero-prefetch must be >= 0, got {}", zero_prefetch));
   (void)stage_layer_counts();
 }

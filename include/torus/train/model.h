@@ -61,6 +61,9 @@ struct StageParameter {
   // key; their gradients add. One key per model at most.
   std::string tie_key;
   bool tie_copy = false;     // a copy that is not the owner: clipping does not count it
+  // A copy: the global name of the parameter it copies (checkpoints save the
+  // owner once and load the copy from it).
+  std::string tied_to;
   bool weight_decay = true;  // matrices and embeddings decay; gains and biases do not
   // The global index of the block (block_layers()) the parameter belongs to;
   // -1 for parameters outside blocks (embeddings, final norm, head). ZeRO-3

@@ -111,6 +111,16 @@ struct RunConfig {
   double peak_tflops = 0;         // the job's peak for MFU (0: the device's, measured once per host on CPU)
   int threads = 0;                // intra-op threads per rank (0: cores / local ranks)
 
+  // --- checkpoints (train/checkpointing.h, docs/checkpoint.md) ----------------------
+  std::string save_dir;     // empty: <out>/checkpoints
+  int64_t save_every = 0;   // save every N steps (0: no periodic saves); > 0 also saves at the end
+  bool save_final = false;  // save at the end of the run (implied by --save-every > 0)
+  int keep_last = 0;        // keep the newest K complete checkpoints (0: all)
+  bool async_save = false;  // snapshot to host memory, write in a background thread
+  std::string resume;       // empty: start fresh; auto: the newest good checkpoint in --save-dir; or a path
+  std::string init_from;    // a plain safetensors state dict of the model's global names (start of a run)
+  double save_timeout = 600;  // rank 0: seconds to wait for every rank's files of a save
+
   // --- fault injection (tests) -----------------------------------------------------
   int fail_rank = -1;
   int64_t fail_step = -1;
@@ -122,6 +132,10 @@ struct RunConfig {
   int64_t warmup_steps() const;
   // The blocks per stage of --stage-layers ("3,1" -> {3, 1}; empty: {}).
   std::vector<int64_t> stage_layer_counts() const;
+  // Whether this run writes checkpoints (--save-every > 0 or --save-final),
+  // and where (--save-dir, or <out>/checkpoints).
+  bool saves_checkpoints() const { return save_every > 0 || save_final; }
+  std::string checkpoint_dir() const { return save_dir.empty() ? out + "/checkpoints" : save_dir; }
 
   // Every option as (name, value text), in table order: numbers in shortest
   // round-trip form, bools true/false.

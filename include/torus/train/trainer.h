@@ -164,6 +164,9 @@ struct StateTensor {
   // shard of the parameter (spec) — instead of that whole tensor.
   int64_t flat_offset = -1;
   std::vector<int64_t> flat_shape{};
+  // A tied parameter's copy (and its optimizer state): the key of the state
+  // it copies ("model.embedding.word.weight"); checkpoints save that once.
+  std::string tied_to{};
 };
 using StateDict = std::map<std::string, StateTensor>;
 
@@ -214,6 +217,11 @@ class Trainer {
   // checked before anything changes (InvalidArgument naming the key); keys
   // of another rank's stages are errors. Not collective.
   void load_state_dict(const StateDict& state);
+  // Creates the optimizer state of every parameter now (zeros, step 0)
+  // where it does not exist yet, so that state_dict() lists every key a
+  // loaded checkpoint fills (a fresh trainer creates it at the first step).
+  // Not collective.
+  void init_optimizer_state();
 
   int64_t num_parameters() const;
   double flops_per_token(int64_t seq_len) const;

@@ -39,6 +39,7 @@ class GPTStage : public StageModule {
       if (tied_copy_stage_ && p.name == "head.output") {
         p.tie_key = kTieKey;
         p.tie_copy = true;
+        p.tied_to = "embedding.word.weight";
       }
       if (tied_owner_stage_ && p.name == "embedding.word.weight") p.tie_key = kTieKey;
       if (p.name.rfind("blocks.", 0) == 0) p.block = std::stoll(p.name.substr(7, p.name.find('.', 7) - 7));

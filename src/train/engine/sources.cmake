@@ -7,5 +7,6 @@ target_sources(torus PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/train_loop.cpp
   ${CMAKE_CURRENT_LIST_DIR}/memory_plan.cpp
   ${CMAKE_CURRENT_LIST_DIR}/peak_flops.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/checkpointing.cpp
   ${CMAKE_CURRENT_LIST_DIR}/../adapters/gpt_model.cpp
   ${CMAKE_CURRENT_LIST_DIR}/../adapters/registry.cpp)

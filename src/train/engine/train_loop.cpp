@@ -10,7 +10,9 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/file_io.h"
 #include "core/log.h"
+#include "torus/train/checkpointing.h"
 #include "torus/comm/context.h"
 #include "torus/device/device.h"
 #include "torus/train/corpus.h"
@@ -123,6 +125,11 @@ struct TrainLoop::Impl {
   std::function<void(std::string_view)> sink;
   std::vector<std::function<void(const StepRecord&)>> observers;
   std::vector<std::function<void(int64_t)>> begin_observers;
+  // Checkpoints (checkpointing.h): what the manifest records, and where a
+  // resumed run starts.
+  RunDescription run_desc;
+  LoadReport resumed;
+  int64_t start_step = 0;
 
   void line(const std::string& text) const {
     if (sink) {
@@ -172,6 +179,59 @@ TrainLoop::TrainLoop(comm::ProcessGroupPtr world, RunConfig config, std::string 
 
   m.trainer = std::make_unique<Trainer>(m.world, m.model, m.layout, run_optimizer(c), run_trainer_options(c));
 
+  // Checkpoints: the run's description, then --init-from or --resume.
+  {
+    Json model = {{"model", c.model},   {"layers", c.layers}, {"hidden", c.hidden},
+                  {"heads", c.heads},   {"ffn", c.ffn},       {"tie_embeddings", c.tie_embeddings},
+                  {"parameters", m.trainer->num_parameters()}};
+    Json data = {{"source", m.corpus.source()},
+                 {"bytes", m.corpus.size()},
+                 {"sha256", ckpt::sha256_hex(m.corpus.bytes().data(), m.corpus.bytes().size())},
+                 {"seed", c.seed},
+                 {"batch", c.batch},
+                 {"seq", c.seq},
+                 {"val_fraction", c.val_fraction}};
+    m.run_desc.model = model.dump();
+    m.run_desc.data = data.dump();
+    m.run_desc.layout = layout_json(*m.trainer, c.zero, c.precision);
+    m.run_desc.options = c.to_json();
+  }
+  if (!c.init_from.empty()) {
+    load_safetensors_weights(*m.trainer, c.init_from);
+    if (m.world->rank() == 0) TORUS_LOG_INFO("init: model weights from {}", c.init_from);
+  }
+  if (!c.resume.empty()) {
+    // Note [Resume checks]: another model or other data is refused, naming
+    // the difference; another layout is loaded by resharding.
+    auto check = [&](const ckpt::Checkpoint& ck) {
+      const Json saved_model = Json::parse(ck.info().model), model = Json::parse(m.run_desc.model);
+      for (const auto& [key, v] : model.items()) {
+        TORUS_CHECK(saved_model.value(key, Json()) == v, InvalidArgument,
+                    "--resume {}: the checkpoint's model has {} = {}, this run's {}: another model", ck.path(), key,
+                    saved_model.value(key, Json()).dump(), v.dump());
+      }
+      const Json saved_data = Json::parse(ck.info().data), data = Json::parse(m.run_desc.data);
+      TORUS_CHECK(saved_data.value("sha256", "") == data.value("sha256", ""), InvalidArgument,
+                  "--resume {}: the checkpoint was trained on {} (SHA-256 {}), this run reads {} (SHA-256 {}): "
+                  "other data",
+                  ck.path(), saved_data.value("source", "?"), saved_data.value("sha256", "?"),
+                  data.value("source", "?"), data.value("sha256", "?"));
+      for (const char* key : {"seed", "batch", "seq", "val_fraction"}) {
+        if (saved_data.value(key, Json()) != data.value(key, Json()) && m.world->rank() == 0) {
+          TORUS_LOG_WARN("--resume {}: the checkpoint's data {} is {}, this run's {}: the batches differ from the "
+                         "saved run's",
+                         ck.path(), key, saved_data.value(key, Json()).dump(), data.value(key, Json()).dump());
+        }
+      }
+    };
+    m.resumed = resume(m.world, *m.trainer, c.resume, c.checkpoint_dir(), m.run_desc.layout, check);
+    m.start_step = m.resumed.step;
+    if (!m.resumed.path.empty() && m.world->rank() == 0) {
+      TORUS_LOG_INFO("resume: step {} from {}{}", m.resumed.step, m.resumed.path,
+                     m.resumed.same_layout ? "" : " (another layout: resharded; dropout streams start afresh)");
+    }
+  }
+
   // Note [Honest MFU].
   if (c.peak_tflops > 0) {
     m.peak = c.peak_tflops * 1e12;
@@ -213,7 +273,9 @@ RunSummary TrainLoop::run() {
   std::unique_ptr<ProgressBar> bar;
   if (logger) {
     std::filesystem::create_directories(c.out);
-    metrics = std::make_unique<JsonlWriter>(c.out + "/metrics.jsonl", /*truncate=*/true);
+    // A resumed run appends (a "resume" record marks where); the plots take
+    // the last record of each step.
+    metrics = std::make_unique<JsonlWriter>(c.out + "/metrics.jsonl", /*truncate=*/m.resumed.path.empty());
     if (c.tensorboard) tb = std::make_unique<TensorBoardWriter>(c.out + "/tb");
     m.line(fmt::format("{}: {} ranks, {}; model {} ({} layers, width {}, {} heads, seq {}), {:.2f}M parameters, {}",
                        m.program, world_size, m.layout.describe(), m.model->name(), c.layers, c.hidden, c.heads, c.seq,
@@ -242,6 +304,13 @@ RunSummary TrainLoop::run() {
                               {"host_optimizer", e.host_optimizer},
                               {"host_parameters", e.host_parameters}};
     metrics->write(cfg);
+    if (!m.resumed.path.empty()) {
+      metrics->write({{"event", "resume"},
+                      {"step", m.resumed.step},
+                      {"checkpoint", m.resumed.path},
+                      {"same_layout", m.resumed.same_layout}});
+      m.line(fmt::format("resumed at step {} from {}", m.resumed.step, m.resumed.path));
+    }
     const bool tty = ::isatty(::fileno(stderr)) == 1;
     if (c.progress == "on" || (c.progress == "auto" && tty)) bar = std::make_unique<ProgressBar>(c.steps, stderr);
   }
@@ -254,12 +323,24 @@ RunSummary TrainLoop::run() {
     return sum / static_cast<double>(c.eval_batches);
   };
 
+  std::unique_ptr<Checkpointer> checkpointer;
+  if (c.saves_checkpoints()) {
+    CheckpointPolicy policy;
+    policy.dir = c.checkpoint_dir();
+    policy.every = c.save_every;
+    policy.final = true;
+    policy.keep_last = c.keep_last;
+    policy.async = c.async_save;
+    policy.peer_timeout_s = c.save_timeout;
+    checkpointer = std::make_unique<Checkpointer>(m.world, trainer, policy, m.run_desc);
+  }
+
   RunSummary summary;
   summary.out_dir = c.out;
   double tokens = 0, seconds = 0;
   bool first = true;
   const auto t_start = Clock::now();
-  for (int64_t step = 0; step < c.steps; ++step) {
+  for (int64_t step = m.start_step; step < c.steps; ++step) {
     for (auto& f : m.begin_observers) f(step);
     const double step_lr = m.lr.at(step);
     const StepStats st = trainer.train_step(to_tensor(m.train_data->batch(step), c.batch, c.seq + 1), step_lr);
@@ -339,9 +420,26 @@ RunSummary TrainLoop::run() {
       }
       if (bar) bar->update(r.step, r.tokens_per_s);
     }
+    if (checkpointer) {
+      const Json state = {{"step", r.step},         {"loss", number(r.loss)},
+                          {"val_loss", number(summary.final_val_loss)},
+                          {"skipped_steps", r.skipped_steps}, {"loss_scale", r.loss_scale},
+                          {"tokens", static_cast<double>(r.step) * static_cast<double>(c.batch * c.seq)}};
+      if (checkpointer->after_step(r.step, last, state.dump()) && logger) {
+        metrics->write({{"event", "checkpoint"},
+                        {"step", r.step},
+                        {"path", fmt::format("{}/step-{:08d}", c.checkpoint_dir(), r.step)},
+                        {"async", c.async_save},
+                        {"stall_s", checkpointer->last_stall_s()}});
+        m.line(fmt::format("checkpoint: step {} {} ({:.3f} s in the training loop)", r.step,
+                           c.async_save ? "snapshot taken, writing in the background" : "saved",
+                           checkpointer->last_stall_s()));
+      }
+    }
     for (auto& f : m.observers) f(r);
   }
-  summary.steps = c.steps;
+  if (checkpointer) checkpointer->wait();
+  summary.steps = c.steps - m.start_step;
   summary.wall_s = std::chrono::duration<double>(Clock::now() - t_start).count();
   summary.tokens_per_s = tokens / seconds;
   // Peak resident memory: this rank's, and the job's sum (every rank).

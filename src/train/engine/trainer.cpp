@@ -662,20 +662,23 @@ std::map<std::string, at::Tensor> Trainer::gather_local_parameters() const {
 
 StateDict Trainer::state_dict() const {
   const Impl& m = *impl_;
+  auto tied_key = [](const StageParameter& p) { return p.tied_to.empty() ? std::string() : "model." + p.tied_to; };
   StateDict out;
   std::map<std::string, tp::ShardSpec> specs;
   std::map<std::string, const dp::ZeroSegment*> segments;  // ZeRO: this rank's segment of a parameter
+  std::map<std::string, std::string> tied;                 // a tie copy's name -> the owner's
   for (int c = 0; c < m.V; ++c) {
     const auto& zero = m.zeros[c];
     for (const auto& p : m.chunks[c]->parameters()) {
       specs[p.name] = p.spec;
+      if (!p.tied_to.empty()) tied[p.name] = p.tied_to;
       const dp::ZeroSegment* seg = zero ? zero->segment_of(p.tensor) : nullptr;
       if (seg) segments[p.name] = seg;
       if (zero && zero->param_sharded(p.tensor)) {
-        if (seg) out["model." + p.name] = {seg->value, p.spec, false, seg->offset, seg->shard_shape};
+        if (seg) out["model." + p.name] = {seg->value, p.spec, false, seg->offset, seg->shard_shape, tied_key(p)};
         continue;
       }
-      out["model." + p.name] = {p.tensor, p.spec, false};
+      out["model." + p.name] = {p.tensor, p.spec, false, -1, {}, tied_key(p)};
     }
     for (const auto& [stream, t] : m.chunks[c]->rng_state()) {
       out[fmt::format("rng.stage{}.{}", m.stage_of(c), stream)] = {t, {}, stream == "sharded"};
@@ -689,6 +692,8 @@ StateDict Trainer::state_dict() const {
     if (dot != std::string::npos) {
       auto it = specs.find(key.substr(0, dot));
       if (it != specs.end() && t.dim() > 0) st.spec = it->second;
+      auto tie = tied.find(key.substr(0, dot));
+      if (tie != tied.end()) st.tied_to = "optim." + tie->second + key.substr(dot);
       auto seg = segments.find(key.substr(0, dot));
       if (seg != segments.end() && t.dim() > 0) {
         st.flat_offset = seg->second->offset;
@@ -754,6 +759,8 @@ void Trainer::load_state_dict(const StateDict& state) {
   m.steps = state.at("engine.step").tensor.item<int64_t>();
   m.skipped_steps = state.at("engine.skipped_steps").tensor.item<int64_t>();
 }
+
+void Trainer::init_optimizer_state() { impl_->optimizer->init_state(); }
 
 int64_t Trainer::num_parameters() const { return model_->num_parameters(); }
 double Trainer::flops_per_token(int64_t seq_len) const { return model_->flops_per_token(seq_len); }
