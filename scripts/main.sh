@@ -12,7 +12,7 @@ scripts/setup.sh
 scripts/build.sh
 BUILD=${TORUS_BUILD_DIR:-build}
 mpirun --allow-run-as-root --oversubscribe --bind-to none -np 8 -x TORUS_LOG_LEVEL="${TORUS_LOG_LEVEL:-warn}" \
-  "$BUILD/bin/torus-train" --tp 2 --pp 2 --dp 2 --out runs/torus-train "$@"
+  "$BUILD/bin/torus-train" --tp 2 --pp 2 --dp 2 --out runs/torus-train --save-every 200 --keep-last 2 "$@"
 out=runs/torus-train
 for ((i = 1; i <= $#; ++i)); do
   [[ "${!i}" == "--out" ]] && { j=$((i + 1)); out=${!j}; }

@@ -33,6 +33,12 @@ def read_metrics(run_dir):
                 steps.append(rec)
             elif event == "end":
                 end = rec
+    # A resumed run appends to the same file (a "resume" record, then the
+    # steps again from the checkpoint's): the last record of a step wins.
+    by_step = {}
+    for rec in steps:
+        by_step[rec["step"]] = rec
+    steps = [by_step[k] for k in sorted(by_step)]
     return config, steps, end
 
 

@@ -22,6 +22,13 @@ if(TORUS_BUILD_PYTHON)
                    ${CMAKE_CURRENT_LIST_DIR}/test_optim.py)
   set_tests_properties(python_optim PROPERTIES TIMEOUT 300 LABELS "unit;python;optim" ENVIRONMENT "TORUS_LOG_LEVEL=warn")
 
+  # torus.checkpoint and torus-ckpt: resume, export read by the safetensors package, verify, TrainLoop options.
+  add_test(NAME python_checkpoint
+           COMMAND ${CMAKE_CURRENT_LIST_DIR}/run_pytest.sh ${TORUS_PYTHON_EXECUTABLE} ${PROJECT_BINARY_DIR}/python
+                   ${CMAKE_CURRENT_LIST_DIR}/test_checkpoint.py)
+  set_tests_properties(python_checkpoint PROPERTIES TIMEOUT 300 LABELS "unit;python;checkpoint"
+                       ENVIRONMENT "TORUS_LOG_LEVEL=warn")
+
   # examples/python/train_gpt.py: --help, a bad flag, a PP=2 run on 2 ranks (metrics, log, TensorBoard, plot),
   # and torus-train with the same options writing the same records.
   add_test(NAME python_train_example

@@ -293,7 +293,9 @@ struct Checkpointer::Impl {
     const auto all = ckpt::list_checkpoints(policy.dir);
     std::vector<const ckpt::Listed*> complete;
     for (const auto& l : all) {
-      if (l.complete) complete.push_back(&l);
+      // Checkpoints of later steps (left by another run in the same
+      // directory) neither count nor go: the one just written stays newest.
+      if (l.complete && l.step <= step) complete.push_back(&l);
       if (!l.complete && l.step < step && l.path.find(".tmp-" + run_id) != std::string::npos) {
         TORUS_LOG_INFO("checkpoint: removing {} (a save of this run that failed)", l.path);
         try {
@@ -363,10 +365,21 @@ Checkpointer::Checkpointer(comm::ProcessGroupPtr world, const Trainer& trainer, 
     std::error_code ec;
     fs::create_directories(m.policy.dir, ec);
     TORUS_CHECK(!ec, ckpt::CheckpointError, "checkpoint: cannot create {}: {}", m.policy.dir, ec.message());
+    std::vector<int64_t> later;
     for (const auto& l : ckpt::list_checkpoints(m.policy.dir)) {
+      if (l.complete && l.step > trainer.steps_taken()) later.push_back(l.step);
       if (l.path.find(".tmp-") == std::string::npos) continue;
       TORUS_LOG_INFO("checkpoint: removing {} (an unfinished save of an earlier run)", l.path);
-      ckpt::remove_tree(l.path);
+      try {
+        ckpt::remove_tree(l.path);
+      } catch (const ckpt::CheckpointError& e) {
+        TORUS_LOG_WARN("{}", e.what());
+      }
+    }
+    if (!later.empty()) {
+      TORUS_LOG_WARN("checkpoint: {} holds checkpoints of later steps ({}) than this run's {}: an earlier run's; "
+                     "this run replaces those of the steps it saves, and --resume auto would pick the newest",
+                     m.policy.dir, fmt::join(later, ", "), trainer.steps_taken());
     }
   }
 }

@@ -463,9 +463,11 @@ RunSummary TrainLoop::run() {
                     {"final_val_loss", number(summary.final_val_loss)},
                     {"peak_rss_bytes", summary.peak_rss_bytes},
                     {"job_peak_rss_bytes", summary.job_peak_rss_bytes}});
-    m.line(fmt::format("done: {} steps in {:.1f} s, {:.0f} tok/s; loss {:.3f} -> {:.3f}, validation {:.3f}; wrote "
+    m.line(fmt::format("done: {} steps{} in {:.1f} s, {:.0f} tok/s; loss {:.3f} -> {:.3f}, validation {:.3f}; wrote "
                        "{}/metrics.jsonl{}",
-                       c.steps, summary.wall_s, summary.tokens_per_s, summary.first_loss, summary.final_loss,
+                       summary.steps,
+                       m.start_step > 0 ? fmt::format(" (resumed at step {})", m.start_step) : std::string(),
+                       summary.wall_s, summary.tokens_per_s, summary.first_loss, summary.final_loss,
                        summary.final_val_loss, c.out, tb ? " and " + c.out + "/tb" : ""));
     m.line(peak_line);
   }
