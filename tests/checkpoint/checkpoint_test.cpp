@@ -12,6 +12,11 @@
 #include <ATen/Functions.h>
 #include <gtest/gtest.h>
 
+#include <sys/mount.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -284,6 +289,36 @@ TEST(Atomic, AFullDiskLeavesThePreviousCheckpointNewest) {
   // The same step saved again after the disk has room: complete.
   remove_tree(all[1].path);
   EXPECT_EQ(failure_of(save_source(dir, 2)), "");
+}
+
+// A real full file system: a 256 KiB tmpfs (root only; skipped elsewhere).
+TEST(Atomic, ARealFullFileSystem) {
+  const std::string dir = fresh_dir("tmpfs");
+  if (::mount("tmpfs", dir.c_str(), "tmpfs", 0, "size=256k") != 0) {
+    GTEST_SKIP() << "cannot mount a tmpfs here: " << std::strerror(errno);
+  }
+  struct Unmount {
+    std::string d;
+    ~Unmount() { ::umount2(d.c_str(), MNT_DETACH); }
+  } unmount{dir};
+  const std::string first = save_source(dir, 1);
+  ShardedState big;
+  big["model.big"] = {at::ones({1 << 19}), {1 << 19}};  // 2 MiB
+  RunInfo info = info_for(2, 1);
+  std::string error;
+  try {
+    finalize(write_rank(dir, 0, big, info), info);
+  } catch (const CheckpointError& e) {
+    error = e.what();
+  }
+  EXPECT_NE(error.find("rank-00000.safetensors"), std::string::npos) << error;
+  EXPECT_NE(error.find("No space left on device"), std::string::npos) << error;
+  const auto all = list_checkpoints(dir);
+  ASSERT_FALSE(all.empty());
+  EXPECT_TRUE(all.front().complete);
+  EXPECT_EQ(all.front().path, first);
+  EXPECT_FALSE(all.back().complete) << "a save that did not fit looks complete";
+  EXPECT_EQ(failure_of(first), "");
 }
 
 TEST(Atomic, RemoveDropsTheMarkerFirst) {

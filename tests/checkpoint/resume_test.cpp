@@ -190,6 +190,20 @@ TEST(Resume, AutoSkipsACorruptNewestCheckpoint) {
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("hidden"), std::string::npos) << e.what();
   }
+  // Other data is refused, naming both sources.
+  RunConfig other_data = again;
+  other_data.data = dir + "/other.txt";
+  {
+    std::ofstream text(other_data.data);
+    for (int i = 0; i < 4000; ++i) text << "other data, line " << i << "\n";
+  }
+  try {
+    run_loop(world(), other_data);
+    FAIL() << "other data was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("other.txt"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("other data"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Resume, InitFromAPlainSafetensorsFile) {
