@@ -23,6 +23,11 @@ refuses to start a run whose memory estimate (``loop.memory_estimate``, a
 ``TrainerOptions(zero_stage=3, offload="optimizer+params", zero_prefetch=1)``
 is the same for the engine alone.
 
+Checkpoints are options too: ``RunConfig(save_every=50, keep_last=3,
+async_save=True)`` saves sharded, verified checkpoints under
+``<out>/checkpoints`` and ``RunConfig(resume="auto")`` continues from the
+newest good one, in any layout (``torus.checkpoint``, docs/checkpoint.md).
+
 ``Trainer`` is the engine under the loop (any model adapter; ``GPTTrainer``
 over the reference GPT of ``torus.models``)::
 
