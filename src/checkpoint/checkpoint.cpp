@@ -15,6 +15,7 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -394,6 +395,8 @@ struct FileRec {
 struct OpenFile {
   std::unique_ptr<MappedFile> map;
   Header header;
+  std::shared_future<std::string> sha;  // computed beside the reads (Note [Verified reads])
+  bool checked = false;
 };
 
 }  // namespace
@@ -408,34 +411,74 @@ struct Checkpoint::Impl {
   mutable std::mutex mu;
   mutable std::map<int, OpenFile> open;
 
-  // The file, mapped, its checksum and header checked (once).
-  const OpenFile& file(int index) const {
+  // Note [Verified reads]: a file is mapped and its header validated when a
+  // piece of it is first needed; its SHA-256 is computed by a second thread
+  // meanwhile, and check() compares every file read so far with the
+  // manifest before a load returns — nothing read is handed back unverified.
+  const OpenFile& file(int index, bool hash = true) const {
     std::lock_guard<std::mutex> lock(mu);
     auto it = open.find(index);
-    if (it != open.end()) return it->second;
+    if (it != open.end()) {
+      if (hash && !it->second.sha.valid()) start_hash(it->second);
+      return it->second;
+    }
     const FileRec& f = files[index];
     const std::string p = (fs::path(path) / f.name).string();
     OpenFile of;
     of.map = std::make_unique<MappedFile>(p);
-    TORUS_CHECK(of.map->size() == f.bytes, ckpt::CheckpointError, "checkpoint: {} has {} bytes, the manifest says {}", p,
-                of.map->size(), f.bytes);
-    const std::string sha = sha256_hex(of.map->data(), of.map->size());
-    TORUS_CHECK(sha == f.sha256, ckpt::CheckpointError,
-                "checkpoint: {} is corrupt: its SHA-256 is {}, the manifest records {}", p, sha, f.sha256);
-    of.header = parse_header(std::span<const uint8_t>(of.map->data(), of.map->size()), of.map->size(), p);
+    TORUS_CHECK(of.map->size() == f.bytes, ckpt::CheckpointError, "checkpoint: {} has {} bytes, the manifest says {}",
+                p, of.map->size(), f.bytes);
+    if (hash) start_hash(of);
+    try {
+      of.header = parse_header(std::span<const uint8_t>(of.map->data(), of.map->size()), of.map->size(), p);
+    } catch (...) {
+      if (of.sha.valid()) of.sha.wait();
+      throw;
+    }
     auto meta = [&](const char* key) {
       auto m = of.header.metadata.find(key);
       return m == of.header.metadata.end() ? std::string("?") : m->second;
     };
-    TORUS_CHECK(meta("run_id") == info.run_id && meta("step") == std::to_string(info.step), ckpt::CheckpointError,
-                "checkpoint: {} belongs to run {} step {}, the manifest to run {} step {}", p, meta("run_id"),
-                meta("step"), info.run_id, info.step);
+    if (meta("run_id") != info.run_id || meta("step") != std::to_string(info.step)) {
+      if (of.sha.valid()) of.sha.wait();
+      throw ckpt::CheckpointError(fmt::format("checkpoint: {} belongs to run {} step {}, the manifest to run {} step {}",
+                                              p, meta("run_id"), meta("step"), info.run_id, info.step));
+    }
     return open.emplace(index, std::move(of)).first->second;
   }
 
+  static void start_hash(OpenFile& of) {
+    const MappedFile* map = of.map.get();
+    of.sha = std::async(std::launch::async, [map] { return sha256_hex(map->data(), map->size()); }).share();
+  }
+
+  // Every file opened (and hashed) so far against the manifest's SHA-256.
+  void check() const {
+    std::lock_guard<std::mutex> lock(mu);
+    for (auto& [index, of] : open) {
+      if (of.checked || !of.sha.valid()) continue;
+      const std::string sha = of.sha.get();
+      const std::string p = (fs::path(path) / files[index].name).string();
+      TORUS_CHECK(sha == files[index].sha256, ckpt::CheckpointError,
+                  "checkpoint: {} is corrupt: its SHA-256 is {}, the manifest records {}", p, sha,
+                  files[index].sha256);
+      of.checked = true;
+    }
+  }
+
+  // Waits for every hash in flight (on the way out of a failed load).
+  void drain() const noexcept {
+    std::lock_guard<std::mutex> lock(mu);
+    for (auto& [index, of] : open) {
+      if (of.sha.valid()) of.sha.wait();
+    }
+  }
+
+  bool hash_reads = true;  // off: the caller verifies files itself (verify_files)
+
   // The data of a piece as a tensor of its stored shape (read-only memory).
   at::Tensor piece_tensor(const std::string& name, const Piece& pc, c10::ScalarType dtype) const {
-    const OpenFile& of = file(pc.file);
+    const OpenFile& of = file(pc.file, hash_reads);
     const TensorEntry* e = of.header.find(name);
     TORUS_CHECK(e != nullptr, ckpt::CheckpointError, "checkpoint: {}/{} does not hold '{}' as the manifest says", path,
                 files[pc.file].name, name);
@@ -452,6 +495,35 @@ struct Checkpoint::Impl {
       return t;
     }
     return at::from_blob(const_cast<uint8_t*>(p), shape, opts);
+  }
+
+  // A target that is a flat range of a box, from flat pieces of the same
+  // box (ZeRO to ZeRO over the same TP layout): only the overlapping ranges
+  // are read. False when those pieces do not cover the range (the caller
+  // then assembles the box).
+  bool copy_flat(const std::string& name, const GlobalTensor& g, const std::vector<const Piece*>& pieces,
+                 const Normal& n, at::Tensor& dst) const {
+    std::vector<const Piece*> same;
+    for (const Piece* pc : pieces) {
+      if (pc->fb >= 0 && pc->off == n.off && pc->box == n.box && pc->fe > n.fb && pc->fb < n.fe) same.push_back(pc);
+    }
+    std::sort(same.begin(), same.end(), [](const Piece* a, const Piece* b) { return a->fb < b->fb; });
+    int64_t reach = n.fb;
+    for (const Piece* pc : same) {
+      if (pc->fb > reach) return false;
+      reach = std::max(reach, pc->fe);
+    }
+    if (reach < n.fe) return false;
+    at::Tensor flat = dst.view({-1});
+    reach = n.fb;
+    for (const Piece* pc : same) {
+      const int64_t lo = std::max(reach, pc->fb), hi = std::min(n.fe, pc->fe);
+      if (hi <= lo) continue;
+      at::Tensor src = piece_tensor(name, *pc, g.dtype);
+      flat.slice(0, lo - n.fb, hi - n.fb).copy_(src.slice(0, lo - pc->fb, hi - pc->fb));
+      reach = hi;
+    }
+    return true;
   }
 
   // Copies into `dst` (the box [off, off + box) of `name`) every element
@@ -528,7 +600,9 @@ struct Checkpoint::Impl {
 };
 
 Checkpoint::Checkpoint(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-Checkpoint::~Checkpoint() = default;
+Checkpoint::~Checkpoint() {
+  if (impl_) impl_->drain();
+}
 Checkpoint::Checkpoint(Checkpoint&&) noexcept = default;
 Checkpoint& Checkpoint::operator=(Checkpoint&&) noexcept = default;
 const std::string& Checkpoint::path() const { return impl_->path; }
@@ -634,18 +708,38 @@ Checkpoint Checkpoint::open(const std::string& path) {
 }
 
 void Checkpoint::verify() const {
-  for (size_t i = 0; i < impl_->files.size(); ++i) {
-    const OpenFile& of = impl_->file(static_cast<int>(i));  // size, SHA-256, header, run id and step
-    (void)of;
-  }
-  for (const auto& [name, g] : impl_->tensors) {
-    for (const auto& pc : g.pieces) (void)impl_->piece_tensor(name, pc, g.dtype);
+  try {
+    for (size_t i = 0; i < impl_->files.size(); ++i) {
+      (void)impl_->file(static_cast<int>(i), true);  // size, header, run id and step; SHA-256 started
+    }
+    impl_->check();
+    for (const auto& [name, g] : impl_->tensors) {
+      for (const auto& pc : g.pieces) (void)impl_->piece_tensor(name, pc, g.dtype);
+    }
+  } catch (...) {
+    impl_->drain();
+    throw;
   }
 }
+
+void Checkpoint::verify_files(int part, int parts) const {
+  try {
+    for (size_t i = 0; i < impl_->files.size(); ++i) {
+      if (static_cast<int>(i % static_cast<size_t>(parts)) == part) (void)impl_->file(static_cast<int>(i), true);
+    }
+    impl_->check();
+  } catch (...) {
+    impl_->drain();
+    throw;
+  }
+}
+
+void Checkpoint::set_hash_reads(bool on) { impl_->hash_reads = on; }
 
 std::vector<std::string> Checkpoint::load_into(ShardedState& target, int rank, bool same_layout) const {
   const Impl& m = *impl_;
   std::vector<std::string> missing;
+  try {
   for (auto& [key, s] : target) {
     std::string name = key;
     if (!s.alias_of.empty()) name = s.alias_of;
@@ -675,20 +769,35 @@ std::vector<std::string> Checkpoint::load_into(ShardedState& target, int rank, b
     } else {
       for (const auto& pc : g.pieces) pieces.push_back(&pc);
     }
-    at::Tensor box = at::zeros(n.box, at::TensorOptions().dtype(g.dtype));
-    const int64_t covered = m.fill_box(name, g, pieces, n.off, n.box, box);
+    at::NoGradGuard no_grad;
+    if (n.fb >= 0 && m.copy_flat(name, g, pieces, n, s.tensor)) continue;
     int64_t need = 1;
+    bool padded = false;
     for (size_t d = 0; d < g.shape.size(); ++d) {
       need *= std::max<int64_t>(0, std::min(n.off[d] + n.box[d], g.shape[d]) - n.off[d]);
+      padded = padded || n.off[d] + n.box[d] > g.shape[d];
     }
+    // A whole box of the stored dtype is filled in place; anything else
+    // through a box of the stored dtype.
+    const bool direct = n.fb < 0 && s.tensor.scalar_type() == g.dtype && s.tensor.is_contiguous() &&
+                        s.tensor.device().is_cpu();
+    at::Tensor box = direct ? s.tensor : at::empty(n.box, at::TensorOptions().dtype(g.dtype));
+    if (padded || !direct) box.zero_();
+    const int64_t covered = m.fill_box(name, g, pieces, n.off, n.box, box);
     TORUS_CHECK(covered == need, ckpt::CheckpointError,
                 "checkpoint: {}: the pieces of '{}' cover {} of the {} elements this rank needs", m.path, name,
                 covered, need);
-    at::Tensor src = n.fb >= 0 ? box.reshape({-1}).slice(0, n.fb, n.fe) : box;
-    at::NoGradGuard no_grad;
-    s.tensor.copy_(src.view(s.tensor.sizes()));
+    if (!direct) {
+      at::Tensor src = n.fb >= 0 ? box.reshape({-1}).slice(0, n.fb, n.fe) : box;
+      s.tensor.copy_(src.view(s.tensor.sizes()));
+    }
   }
+  m.check();
   return missing;
+  } catch (...) {
+    m.drain();
+    throw;
+  }
 }
 
 at::Tensor Checkpoint::read_full(const std::string& name) const {
@@ -705,6 +814,7 @@ at::Tensor Checkpoint::read_full(const std::string& name) const {
   TORUS_CHECK(covered == numel_of(g.shape), ckpt::CheckpointError,
               "checkpoint: {}: the pieces of '{}' cover {} of its {} elements", m.path, name, covered,
               numel_of(g.shape));
+  m.check();
   return out;
 }
 

@@ -43,6 +43,7 @@ class FileWriter {
   std::string path_;
   int fd_ = -1;
   uint64_t written_ = 0;
+  uint64_t writeback_ = 0;  // bytes whose writeback was started (Note [Overlapped writes])
   struct Hash;
   std::unique_ptr<Hash> hash_;
 };

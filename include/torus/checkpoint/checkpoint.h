@@ -132,6 +132,13 @@ class Checkpoint {
   // and step against the manifest. Throws CheckpointError naming the first
   // bad file.
   void verify() const;
+  // The same for the files i with i % parts == part (the ranks of a job
+  // share the hashing: resume() has each verify its part).
+  void verify_files(int part, int parts) const;
+  // Whether load_into/read_full hash the files they read (default on). A
+  // collective loader that has every file verified by some rank
+  // (verify_files) and agrees on the result before applying turns it off.
+  void set_hash_reads(bool on);
   // Names of the global tensors, with their shape and dtype.
   struct TensorInfo {
     std::vector<int64_t> shape;

@@ -21,10 +21,15 @@
 // Note [Save consistency]: a save is taken between steps, on the main
 // thread. Synchronous: every rank writes, rank 0 completes the checkpoint,
 // then one all-reduce of a success flag over the world tells every rank that
-// it is complete (or that it failed, and where). Asynchronous: the state is
-// copied to host memory (checkpoint::snapshot) and a background thread
-// writes it and, on rank 0, completes it; the thread uses only the file
-// system, never a collective. The next save (and the end of the run) first
+// it is complete (or that it failed, and where). Asynchronous: the small
+// tensors (dropout streams, counters, the loss scaler) are copied at once;
+// a background thread copies the parameters and optimizer state to host
+// memory (checkpoint::snapshot) while the next step's forward and backward
+// run — they change neither — and the trainer holds that step's update
+// until the copy is done (Trainer::set_before_update); then the thread
+// writes and, on rank 0, completes the checkpoint, using only the file
+// system, never a collective. The stall is the main thread's part plus the
+// time the update waited. The next save (and the end of the run) first
 // waits for it and agrees on its success over the world, on the main
 // thread. A failed save throws CheckpointError on every rank (the failing
 // rank's message names the file and errno); the previous checkpoint stays
@@ -97,7 +102,7 @@ class Checkpointer {
  public:
   // Collective over `world` (agrees on the run id); rank 0 removes the
   // temporary directories earlier runs left in policy.dir.
-  Checkpointer(comm::ProcessGroupPtr world, const Trainer& trainer, CheckpointPolicy policy, RunDescription run);
+  Checkpointer(comm::ProcessGroupPtr world, Trainer& trainer, CheckpointPolicy policy, RunDescription run);
   ~Checkpointer();  // waits for a background save; never throws (logs a failure)
   Checkpointer(const Checkpointer&) = delete;
   Checkpointer& operator=(const Checkpointer&) = delete;
@@ -113,8 +118,10 @@ class Checkpointer {
   // throws CheckpointError on every rank when it failed.
   void wait();
 
-  // Seconds the last save held the main thread (the training stall), and the
-  // last save's total wall time (for async: until written and complete).
+  // Seconds the last save held the main thread (the training stall: for an
+  // asynchronous save, save() itself plus the time the next update waited
+  // for the snapshot), and the last save's total wall time (for async: until
+  // written and complete).
   double last_stall_s() const;
   double last_save_s() const;
   const std::string& last_path() const;

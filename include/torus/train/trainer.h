@@ -55,6 +55,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -222,6 +223,12 @@ class Trainer {
   // loaded checkpoint fills (a fresh trainer creates it at the first step).
   // Not collective.
   void init_optimizer_state();
+  // Called on this rank in every train_step right before the step changes
+  // the parameters or the optimizer state (after the backward, the gradient
+  // sync and the loss scaler's update): an asynchronous checkpoint holds it
+  // there until its snapshot of them is taken (train/checkpointing.h). Empty
+  // removes it. Not collective; the hook must not communicate.
+  void set_before_update(std::function<void()> hook);
 
   int64_t num_parameters() const;
   double flops_per_token(int64_t seq_len) const;

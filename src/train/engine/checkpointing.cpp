@@ -9,6 +9,8 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <condition_variable>
+#include <mutex>
 #include <random>
 #include <optional>
 #include <thread>
@@ -234,7 +236,12 @@ void load_safetensors_weights(Trainer& trainer, const std::string& path) {
 
 struct Checkpointer::Impl {
   comm::ProcessGroupPtr world;
-  const Trainer* trainer = nullptr;
+  Trainer* trainer = nullptr;
+  // The hold on the next update while the background thread copies the
+  // parameters and optimizer state (Note [Save consistency]).
+  std::mutex gate_mu;
+  std::condition_variable gate_cv;
+  bool released = true;
   CheckpointPolicy policy;
   RunDescription run;
   std::string run_id;
@@ -333,12 +340,29 @@ struct Checkpointer::Impl {
   void join_pending() {
     if (!pending) return;
     if (worker.joinable()) worker.join();
+    trainer->set_before_update({});
     pending = false;
     agree(pending_step);
   }
+
+  // The trainer's hook: waits until the snapshot is taken.
+  void hold() {
+    const auto t0 = Clock::now();
+    std::unique_lock<std::mutex> lock(gate_mu);
+    if (released) return;
+    gate_cv.wait(lock, [this] { return released; });
+    stall_s += seconds_since(t0);
+  }
+  void release() {
+    {
+      std::lock_guard<std::mutex> lock(gate_mu);
+      released = true;
+    }
+    gate_cv.notify_all();
+  }
 };
 
-Checkpointer::Checkpointer(comm::ProcessGroupPtr world, const Trainer& trainer, CheckpointPolicy policy,
+Checkpointer::Checkpointer(comm::ProcessGroupPtr world, Trainer& trainer, CheckpointPolicy policy,
                            RunDescription run)
     : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
@@ -387,6 +411,7 @@ Checkpointer::Checkpointer(comm::ProcessGroupPtr world, const Trainer& trainer, 
 Checkpointer::~Checkpointer() {
   Impl& m = *impl_;
   if (m.worker.joinable()) m.worker.join();
+  m.trainer->set_before_update({});
   if (!m.error.empty()) TORUS_LOG_ERROR("checkpoint of step {} failed: {}", m.pending_step, m.error);
 }
 
@@ -405,12 +430,40 @@ void Checkpointer::save(int64_t step, const std::string& metrics_json) {
   const ckpt::RunInfo info = m.info(step, metrics_json);
   ckpt::ShardedState state = sharded_state(*m.trainer, /*for_save=*/true);
   if (m.policy.async) {
-    auto snap = std::make_shared<ckpt::ShardedState>(ckpt::snapshot(state));
+    // Small tensors now (the dropout streams advance in the next forward);
+    // parameters and optimizer state in the background before the next
+    // update (Note [Save consistency]).
+    ckpt::ShardedState now, later;
+    for (auto& [key, sl] : state) {
+      const bool small = !sl.tensor.defined() || sl.tensor.numel() <= (int64_t{1} << 16) ||
+                         key.rfind("rng.", 0) == 0 || key.rfind("engine.", 0) == 0 || key.rfind("scaler.", 0) == 0;
+      (small ? now : later)[key] = std::move(sl);
+    }
+    auto snap = std::make_shared<ckpt::ShardedState>(ckpt::snapshot(now));
+    {
+      std::lock_guard<std::mutex> lock(m.gate_mu);
+      m.released = false;
+    }
+    m.trainer->set_before_update([&m] { m.hold(); });
     m.stall_s = seconds_since(t0);
     m.pending = true;
     m.pending_step = step;
-    m.worker = std::thread([&m, snap, info, t0] {
-      m.error = m.write(*snap, info);
+    auto live = std::make_shared<ckpt::ShardedState>(std::move(later));
+    m.worker = std::thread([&m, snap, live, info, t0] {
+      std::string error;
+      try {
+        for (auto& [key, sl] : ckpt::snapshot(*live)) (*snap)[key] = std::move(sl);
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+      live->clear();  // no reference to the live state remains
+      m.release();
+      if (error.empty()) {
+        error = m.write(*snap, info);
+      } else {
+        m.mark_failed(info.step, error);
+      }
+      m.error = error;
       m.save_s = seconds_since(t0);
     });
     return;
@@ -457,8 +510,13 @@ LoadReport resume(const comm::ProcessGroupPtr& world, Trainer& trainer, const st
     }
     if (ck && check) check(*ck);  // the same manifest on every rank: throws everywhere or nowhere
     if (ck) {
+      // Each rank hashes its share of the files (Note [Verified reads]); the
+      // all-reduce below makes every rank's verdict everyone's before
+      // anything is applied.
+      ck->set_hash_reads(world->size() == 1);
       try {
         prep.emplace(prepare_load(trainer, *ck, layout, false));
+        if (world->size() > 1) ck->verify_files(world->rank(), world->size());
       } catch (const ckpt::CheckpointError& e) {
         error = e.what();
       }

@@ -80,6 +80,7 @@ struct Trainer::Impl : public pp::StageCallbacks {
   ParallelLayout layout;
   OptimizerConfig optim;
   TrainerOptions options;
+  std::function<void()> before_update;  // set_before_update: an asynchronous checkpoint's snapshot
 
   comm::ProcessGroupPtr world;
   std::unique_ptr<comm::DeviceMesh> mesh;
@@ -588,6 +589,7 @@ StepStats Trainer::train_step(const at::Tensor& batch, double lr) {
   } else if (!st.overflow) {
     clip = optim::clip_grad_norm(m.norm_entries, m.optim.grad_clip, m.norm_group);
   }
+  if (m.before_update) m.before_update();
   if (!st.overflow && clip.finite) {
     m.optimizer->step(step_lr);
     for (auto& zero : m.zeros) {
@@ -761,6 +763,7 @@ void Trainer::load_state_dict(const StateDict& state) {
 }
 
 void Trainer::init_optimizer_state() { impl_->optimizer->init_state(); }
+void Trainer::set_before_update(std::function<void()> hook) { impl_->before_update = std::move(hook); }
 
 int64_t Trainer::num_parameters() const { return model_->num_parameters(); }
 double Trainer::flops_per_token(int64_t seq_len) const { return model_->flops_per_token(seq_len); }
