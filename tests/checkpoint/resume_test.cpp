@@ -5,9 +5,10 @@
 //  np1: keep-last never deletes the only good checkpoint, also when a save
 //       fails (injected ENOSPC); --resume auto skips a corrupt newest one;
 //       --init-from a plain safetensors file.
-//  np4: the same layout (pp2 x dp2) resumes with bit-identical f32 losses —
-//       1F1B and ZB-H1 with dropout, ZeRO-1, and fp16 with dynamic loss
-//       scaling — and the metrics log is appended, not truncated.
+//  np4: the same layout (pp2 x dp2) resumes with bit-identical losses —
+//       1F1B and ZB-H1 with dropout, ZeRO-1, fp16 with dynamic loss
+//       scaling, bf16 with fp32 masters under ZeRO-2, an asynchronous
+//       save — and the metrics log is appended, not truncated.
 //  np8: resharding: tp2 x pp2 x dp2 ZeRO-2 -> tp1 x pp1 x dp4 ZeRO-3 (4
 //       ranks) -> one process -> back to tp2 x pp2 x dp2 ZeRO-2, each
 //       continuing with the losses of the uninterrupted run within 1e-5.
@@ -272,6 +273,11 @@ TEST(Resume, SameLayoutIsBitIdentical) {
   h.initial_loss_scale = 16777216;  // the largest: it may overflow first; the scaler's state matters
   h.loss_scale_window = 2;
   same_layout_case("fp16_scaling", h);
+  RunConfig b = tiny("");
+  b.pp = 2;
+  b.precision = "bf16";  // fp32 master weights under ZeRO-2
+  b.zero = 2;
+  same_layout_case("bf16_zero2", b);
   RunConfig a = tiny("");
   a.pp = 2;
   a.async_save = true;
