@@ -688,12 +688,25 @@ Checkpoint Checkpoint::open(const std::string& path) {
         for (size_t d = 0; d < g.shape.size(); ++d) {
           TORUS_CHECK(pc.off[d] <= g.shape[d], ckpt::CheckpointError, "checkpoint: a piece of '{}' starts outside it", name);
         }
+        // Boxes are bounded by the tensor (whole pieces are cropped to it; a
+        // flat piece's box may carry padding, at most doubling a dimension),
+        // so a manifest cannot make a loader allocate without bound.
+        for (size_t d = 0; d < g.shape.size(); ++d) {
+          TORUS_CHECK(pc.box[d] <= 2 * g.shape[d] + 64, ckpt::CheckpointError,
+                      "checkpoint: a piece of '{}' has a box of {} along dimension {} of {}", name, pc.box[d], d,
+                      g.shape[d]);
+        }
         if (!pj.at("flat").is_null()) {
           auto fr = int_list(pj.at("flat"), "a flat range of " + name);
           TORUS_CHECK(fr.size() == 2 && fr[0] <= fr[1] && fr[1] <= numel_of(pc.box), ckpt::CheckpointError,
                       "checkpoint: a flat range of '{}' lies outside its box", name);
           pc.fb = fr[0];
           pc.fe = fr[1];
+        } else {
+          for (size_t d = 0; d < g.shape.size(); ++d) {
+            TORUS_CHECK(pc.off[d] + pc.box[d] <= g.shape[d], ckpt::CheckpointError,
+                        "checkpoint: a piece of '{}' reaches past the tensor along dimension {}", name, d);
+          }
         }
         g.pieces.push_back(std::move(pc));
       }
