@@ -293,7 +293,17 @@ std::string finalize(const RankWrite& mine, const RunInfo& info, const SaveOptio
     for (int r = 0; r < info.world_size; ++r) {
       if (have[r]) continue;
       const std::string p = (fs::path(mine.tmp_dir) / done_file(r)).string();
-      if (!fs::exists(p)) continue;
+      if (!fs::exists(p)) {
+        // A rank whose write failed leaves its error here: stop waiting.
+        const std::string failed = (fs::path(mine.tmp_dir) / fmt::format("rank-{:05d}.failed", r)).string();
+        if (fs::exists(failed)) {
+          std::string why = read_text(failed);
+          while (!why.empty() && (why.back() == '\n' || why.back() == ' ')) why.pop_back();
+          throw ckpt::CheckpointError(
+              fmt::format("checkpoint: step {}: rank {} failed to write its files: {}", info.step, r, why));
+        }
+        continue;
+      }
       dones[r] = parse_json(read_text(p), p);
       have[r] = true;
       --missing;

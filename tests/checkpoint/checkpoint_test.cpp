@@ -17,6 +17,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -319,6 +320,30 @@ TEST(Atomic, ARealFullFileSystem) {
   EXPECT_EQ(all.front().path, first);
   EXPECT_FALSE(all.back().complete) << "a save that did not fit looks complete";
   EXPECT_EQ(failure_of(first), "");
+}
+
+// A rank whose write fails leaves rank-N.failed: rank 0 stops waiting at once.
+TEST(Atomic, AFailedRankEndsTheWaitNamingIt) {
+  const std::string dir = fresh_dir("failed_rank");
+  const RunInfo info = info_for(5, 2);
+  const RankWrite w = write_rank(dir, 0, source_rank(0), info);
+  {
+    std::ofstream failed(fs::path(w.tmp_dir) / "rank-00001.failed");
+    failed << "checkpoint: write /x/rank-00001.safetensors: No space left on device [errno 28]\n";
+  }
+  SaveOptions so;
+  so.peer_timeout_s = 60;
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string error;
+  try {
+    finalize(w, info, so);
+  } catch (const CheckpointError& e) {
+    error = e.what();
+  }
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10.0);
+  EXPECT_NE(error.find("rank 1"), std::string::npos) << error;
+  EXPECT_NE(error.find("errno 28"), std::string::npos) << error;
+  EXPECT_FALSE(list_checkpoints(dir).front().complete);
 }
 
 TEST(Atomic, RemoveDropsTheMarkerFirst) {

@@ -120,6 +120,10 @@ TEST(Policy, KeepLastNeverDeletesTheOnlyGoodCheckpoint) {
   RunConfig c = tiny(dir);
   c.save_every = 1;
   c.keep_last = 1;
+  // What a killed earlier run can leave: a step directory without COMPLETE
+  // and an unfinished save. The run removes both before it saves.
+  fs::create_directories(c.checkpoint_dir() + "/step-00000009");
+  fs::create_directories(c.checkpoint_dir() + "/step-00000009.tmp-0123456789ab");
   // The third save finds the disk full.
   TrainLoop loop(world(), c, "test");
   loop.set_line_sink([](std::string_view) {});
@@ -140,6 +144,8 @@ TEST(Policy, KeepLastNeverDeletesTheOnlyGoodCheckpoint) {
     if (l.complete) complete.push_back(l.step);
   }
   EXPECT_EQ(complete, std::vector<int64_t>{2}) << "keep-last 1 must keep step 2 when step 3 fails";
+  EXPECT_FALSE(fs::exists(c.checkpoint_dir() + "/step-00000009"));
+  EXPECT_FALSE(fs::exists(c.checkpoint_dir() + "/step-00000009.tmp-0123456789ab"));
   const auto ck = ckpt::Checkpoint::open(step_path(c, 2));
   ck.verify();
 

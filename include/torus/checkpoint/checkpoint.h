@@ -33,8 +33,10 @@
 // a background writer may do this), writes manifest.json, fsyncs the
 // directory, renames it to <dir>/step-N, fsyncs <dir>, then writes COMPLETE
 // and fsyncs again. Every write, fsync, close and rename is checked and an
-// error names the file and errno. A killed job leaves at most a .tmp
-// directory, which no loader reads and the next run removes.
+// error names the file and errno; a rank whose write fails leaves
+// rank-N.failed with its error, and rank 0 stops waiting. A killed job
+// leaves at most a .tmp directory or a step directory without COMPLETE,
+// which no loader reads and the next run removes.
 //
 // Errors: CheckpointError (safetensors.h) naming the file and the problem.
 #pragma once

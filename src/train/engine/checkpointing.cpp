@@ -2,6 +2,9 @@
 // slices, loading into any layout, the save policy and resuming.
 #include "torus/train/checkpointing.h"
 
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <ATen/Functions.h>
 #include <c10/util/irange.h>
 
@@ -303,8 +306,9 @@ struct Checkpointer::Impl {
       // Checkpoints of later steps (left by another run in the same
       // directory) neither count nor go: the one just written stays newest.
       if (l.complete && l.step <= step) complete.push_back(&l);
-      if (!l.complete && l.step < step && l.path.find(".tmp-" + run_id) != std::string::npos) {
-        TORUS_LOG_INFO("checkpoint: removing {} (a save of this run that failed)", l.path);
+      if (!l.complete && l.step < step &&
+          (l.path.find(".tmp-" + run_id) != std::string::npos || l.path.find(".tmp-") == std::string::npos)) {
+        TORUS_LOG_INFO("checkpoint: removing {} (a save that did not complete: {})", l.path, l.problem);
         try {
           ckpt::remove_tree(l.path);
         } catch (const ckpt::CheckpointError& e) {
@@ -385,26 +389,45 @@ Checkpointer::Checkpointer(comm::ProcessGroupPtr world, Trainer& trainer, Checkp
   }
   id = all_reduce_long(m.world, id, comm::ReduceOp::kSum);
   m.run_id = fmt::format("{:012x}", id);
+  // Rank 0 clears what earlier runs left — unfinished saves, and step
+  // directories without COMPLETE (a kill between the rename and the marker,
+  // or inside a deletion) — then every rank waits for it, so that no save
+  // of this run starts before (the all-reduce below).
+  std::string problem;
   if (m.rank == 0) {
-    std::error_code ec;
-    fs::create_directories(m.policy.dir, ec);
-    TORUS_CHECK(!ec, ckpt::CheckpointError, "checkpoint: cannot create {}: {}", m.policy.dir, ec.message());
-    std::vector<int64_t> later;
-    for (const auto& l : ckpt::list_checkpoints(m.policy.dir)) {
-      if (l.complete && l.step > trainer.steps_taken()) later.push_back(l.step);
-      if (l.path.find(".tmp-") == std::string::npos) continue;
-      TORUS_LOG_INFO("checkpoint: removing {} (an unfinished save of an earlier run)", l.path);
-      try {
-        ckpt::remove_tree(l.path);
-      } catch (const ckpt::CheckpointError& e) {
-        TORUS_LOG_WARN("{}", e.what());
+    try {
+      std::error_code ec;
+      fs::create_directories(m.policy.dir, ec);
+      TORUS_CHECK(!ec, ckpt::CheckpointError, "checkpoint: cannot create {}: {}", m.policy.dir, ec.message());
+      std::vector<int64_t> later;
+      for (const auto& l : ckpt::list_checkpoints(m.policy.dir)) {
+        if (l.complete) {
+          if (l.step > trainer.steps_taken()) later.push_back(l.step);
+          continue;
+        }
+        if (l.path.size() >= m.run_id.size() &&
+            l.path.compare(l.path.size() - m.run_id.size(), m.run_id.size(), m.run_id) == 0) {
+          continue;  // this run's (none yet; never another's to remove)
+        }
+        TORUS_LOG_INFO("checkpoint: removing {} ({})", l.path, l.problem);
+        try {
+          ckpt::remove_tree(l.path);
+        } catch (const ckpt::CheckpointError& e) {
+          TORUS_LOG_WARN("{}", e.what());
+        }
       }
+      if (!later.empty()) {
+        TORUS_LOG_WARN("checkpoint: {} holds checkpoints of later steps ({}) than this run's {}: an earlier run's; "
+                       "this run replaces those of the steps it saves, and --resume auto would pick the newest",
+                       m.policy.dir, fmt::join(later, ", "), trainer.steps_taken());
+      }
+    } catch (const ckpt::CheckpointError& e) {
+      problem = e.what();
     }
-    if (!later.empty()) {
-      TORUS_LOG_WARN("checkpoint: {} holds checkpoints of later steps ({}) than this run's {}: an earlier run's; "
-                     "this run replaces those of the steps it saves, and --resume auto would pick the newest",
-                     m.policy.dir, fmt::join(later, ", "), trainer.steps_taken());
-    }
+  }
+  if (all_reduce_long(m.world, problem.empty() ? 1 : 0, comm::ReduceOp::kMin) != 1) {
+    throw ckpt::CheckpointError(problem.empty() ? fmt::format("checkpoint: rank 0 cannot use {}", m.policy.dir)
+                                                : problem);
   }
 }
 
@@ -450,6 +473,10 @@ void Checkpointer::save(int64_t step, const std::string& metrics_json) {
     m.pending_step = step;
     auto live = std::make_shared<ckpt::ShardedState>(std::move(later));
     m.worker = std::thread([&m, snap, live, info, t0] {
+      // Below the training threads: the copy, hashing and writing take the
+      // cores the step leaves idle rather than slow the step (the threads
+      // this one starts, e.g. for hashing, inherit it). Best effort.
+      (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 10);
       std::string error;
       try {
         for (auto& [key, sl] : ckpt::snapshot(*live)) (*snap)[key] = std::move(sl);
