@@ -13,8 +13,9 @@
 //   * a tied copy (the output layer of the last stage) is not saved and is
 //     loaded from the parameter it copies;
 //   * dropout streams (rng.*) are per rank: restored only in the same layout;
-//   * every piece is written once: a replicated tensor by dp rank 0 (and TP
-//     rank 0 when it is replicated over TP too), ZeRO segments by their owner.
+//   * every piece is written once: a tensor replicated over dp by one dp rank
+//     (the dp ranks share them by bytes, Note [Balanced writers]; TP rank 0
+//     when it is replicated over TP too), ZeRO segments by their owner.
 // Loading fills this rank's slices from whatever pieces cover them, so a
 // checkpoint of any layout (tp, pp, dp, ZeRO stage) loads into any other.
 //

@@ -8,6 +8,7 @@
 #include <ATen/Functions.h>
 #include <c10/util/irange.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -124,8 +125,34 @@ ckpt::ShardedState sharded_state(const Trainer& trainer, bool for_save) {
   const comm::DeviceMesh& mesh = trainer.mesh();
   const int tp_rank = mesh.coord("tp"), tp_size = mesh.size("tp"), dp_rank = mesh.coord("dp");
   const int world_rank = mesh.world()->rank();
+  const int dp_size = mesh.size("dp");
+  const StateDict state = trainer.state_dict();
+  // Note [Balanced writers]: a tensor replicated over dp is written by one
+  // dp rank, chosen so that the dp ranks write about the same bytes (the
+  // largest first, each to the least loaded; every dp rank holds the same
+  // such tensors, so each computes the same assignment without
+  // communicating).
+  std::map<std::string, int> replica_writer;
+  if (for_save) {
+    std::vector<std::pair<int64_t, std::string>> sizes;
+    for (const auto& [key, st] : state) {
+      if ((key.rfind("model.", 0) == 0 || key.rfind("optim.", 0) == 0) && st.tensor.dim() > 0 &&
+          st.flat_offset < 0 && st.tied_to.empty()) {
+        sizes.emplace_back(st.tensor.numel() * static_cast<int64_t>(st.tensor.element_size()), key);
+      }
+    }
+    std::sort(sizes.begin(), sizes.end(), [](const auto& a, const auto& b) {
+      return a.first != b.first ? a.first > b.first : a.second < b.second;
+    });
+    std::vector<int64_t> load(dp_size, 0);
+    for (const auto& [bytes, key] : sizes) {
+      const int r = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
+      load[r] += bytes;
+      replica_writer[key] = r;
+    }
+  }
   ckpt::ShardedState out;
-  for (const auto& [key, st] : trainer.state_dict()) {
+  for (const auto& [key, st] : state) {
     ckpt::TensorSlice s;
     s.tensor = st.tensor;
     s.alias_of = st.tied_to;
@@ -158,7 +185,8 @@ ckpt::ShardedState sharded_state(const Trainer& trainer, bool for_save) {
         } else if (flat) {
           writer = !replicated_tp || tp_rank == 0;
         } else {
-          writer = dp_rank == 0 && (!replicated_tp || tp_rank == 0);
+          auto w = replica_writer.find(key);
+          writer = (w == replica_writer.end() ? 0 : w->second) == dp_rank && (!replicated_tp || tp_rank == 0);
         }
       } else {
         writer = world_rank == 0;  // engine counters, the loss scaler
