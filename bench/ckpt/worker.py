@@ -233,7 +233,10 @@ def main():
 
         # torch.save / torch.load of the same tensors, fsynced like Torus's files.
         live = trainer.state_dict()
-        state = {k: live[k] for k in mine}
+        # A view (a parameter inside a gradient-sync bucket) is given to torch.save as its own tensor: torch.save
+        # writes a view's whole storage, which would make it write other ranks' bytes too.
+        state = {k: (live[k] if live[k].untyped_storage().nbytes() == live[k].numel() * live[k].element_size()
+                     else live[k].clone()) for k in mine}
 
         def tsave():
             with open(torch_path, "wb") as f:
