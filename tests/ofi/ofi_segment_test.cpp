@@ -24,20 +24,17 @@ bool shm_object_exists(const std::string& name) {
   return ::access(("/dev/shm" + name).c_str(), F_OK) == 0;
 }
 
+// The store in a process of its own: the ranks are forked (Note [Fork with no
+// threads], ofi_test_util.h).
 struct StoreServer {
-  StoreServer() {
-    TcpStoreServer::Options o;
-    o.token = "segment-test";
-    server = std::make_unique<TcpStoreServer>(o);
-  }
   std::shared_ptr<TcpStore> client() const {
     TcpStore::Options o;
     o.host = "127.0.0.1";
-    o.port = server->port();
+    o.port = server.port();
     o.token = "segment-test";
     return std::make_shared<TcpStore>(o);
   }
-  std::unique_ptr<TcpStoreServer> server;
+  StoreServerProcess server{"segment-test"};
 };
 
 HostSegment::Config config(const std::string& name, int rank, int size, Ms timeout) {

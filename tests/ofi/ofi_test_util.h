@@ -24,6 +24,8 @@
 
 #include "torus/core/error.h"
 
+#include "torus/comm/store.h"
+
 namespace torus::comm::ofi::test {
 
 // Throws std::runtime_error with `what` when `cond` is false (inside ranks).
@@ -104,6 +106,62 @@ inline std::vector<RankResult> run_ranks(int n, const std::function<void(int)>& 
   }
   return results;
 }
+
+// Note [Fork with no threads]: the ranks are forked, so the test process
+// must have no other thread when it forks: a child inherits any lock another
+// thread holds at that moment (malloc's, OpenSSL's) and deadlocks on it — a
+// store server thread handling the first ranks' handshakes while a later
+// rank is forked did exactly that (the child hung before authenticating).
+// The store server therefore runs in a process of its own, forked first
+// while the test process is still single-threaded.
+class StoreServerProcess {
+ public:
+  explicit StoreServerProcess(const std::string& token) {
+    int port_pipe[2], hold_pipe[2];
+    if (::pipe(port_pipe) != 0 || ::pipe(hold_pipe) != 0) throw std::runtime_error("pipe");
+    pid_ = ::fork();
+    if (pid_ < 0) throw std::runtime_error("fork");
+    if (pid_ == 0) {
+      ::close(port_pipe[0]);
+      ::close(hold_pipe[1]);
+      int port = -1;
+      try {
+        TcpStoreServer::Options o;
+        o.token = token;
+        TcpStoreServer server(o);
+        port = server.port();
+        (void)!::write(port_pipe[1], &port, sizeof port);
+        ::close(port_pipe[1]);
+        char c;
+        while (::read(hold_pipe[0], &c, 1) > 0) {
+        }  // until the test process closes its end (or dies)
+      } catch (...) {
+        (void)!::write(port_pipe[1], &port, sizeof port);
+      }
+      ::_exit(0);
+    }
+    ::close(port_pipe[1]);
+    ::close(hold_pipe[0]);
+    hold_ = hold_pipe[1];
+    if (::read(port_pipe[0], &port_, sizeof port_) != static_cast<ssize_t>(sizeof port_)) port_ = -1;
+    ::close(port_pipe[0]);
+    if (port_ <= 0) throw std::runtime_error("the store server process did not start");
+  }
+  ~StoreServerProcess() {
+    ::close(hold_);
+    ::kill(pid_, SIGKILL);
+    int st = 0;
+    ::waitpid(pid_, &st, 0);
+  }
+  StoreServerProcess(const StoreServerProcess&) = delete;
+  StoreServerProcess& operator=(const StoreServerProcess&) = delete;
+  int port() const { return port_; }
+
+ private:
+  pid_t pid_ = -1;
+  int hold_ = -1;
+  int port_ = -1;
+};
 
 // EXPECTs that every rank not in `may_die` exited with status 0.
 inline void expect_all_ok(const std::vector<RankResult>& results, const std::set<int>& may_die = {}) {

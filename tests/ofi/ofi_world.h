@@ -1,5 +1,5 @@
-// A whole ofi "job" inside one test: a TcpStoreServer in the test process
-// and n forked ranks that each build the ofi world backend with a given
+// A whole ofi "job" inside one test: a TcpStoreServer in a process of its own
+// (Note [Fork with no threads], ofi_test_util.h) and n forked ranks that each build the ofi world backend with a given
 // topology (which rank is on which "host") and options, then run a body.
 //
 // The host map is injected, so hierarchical paths (several hosts, uneven
@@ -47,10 +47,8 @@ using RankBody = std::function<void(Backend& world, int rank)>;
 inline std::vector<RankResult> run_job(const JobSpec& spec, const RankBody& body) {
   ::setenv("FI_TCP_IFACE", "lo", 1);
   const std::string token = generate_job_token();
-  TcpStoreServer::Options so;
-  so.token = token;
-  auto server = std::make_unique<TcpStoreServer>(so);
-  const int port = server->port();
+  StoreServerProcess server(token);  // Note [Fork with no threads]
+  const int port = server.port();
   const int n = static_cast<int>(spec.host_of.size());
   if (spec.before) {
     TcpStore::Options co;
