@@ -15,12 +15,12 @@ import pathlib
 import subprocess
 
 import pytest
+import safetensors.torch as safetensors_torch
 import torch
 
 import torus
 from torus import checkpoint, models, train
 
-safetensors_torch = pytest.importorskip("safetensors.torch")
 
 BIN = pathlib.Path(torus.__file__).resolve().parents[2] / "bin"
 CFG = models.GPTConfig(vocab_size=256, max_seq_len=16, num_layers=2, hidden=32, num_heads=2)
