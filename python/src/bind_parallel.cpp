@@ -184,6 +184,20 @@ void bind_dp(py::module_& m) {
 
 void bind_models(py::module_& m) {
   auto models = m.def_submodule("models", "The reference GPT in C++ (torus::models).");
+  using expert::MoEConfig;
+  py::class_<MoEConfig>(models, "MoEConfig",
+                        "A mixture-of-experts layer (parallel/expert/moe.h); the GPT fills in sizes and seeds.")
+      .def(py::init<>())
+      .def_readwrite("num_experts", &MoEConfig::num_experts)
+      .def_readwrite("top_k", &MoEConfig::top_k)
+      .def_readwrite("capacity_factor", &MoEConfig::capacity_factor, "0: dropless")
+      .def_readwrite("aux_loss_weight", &MoEConfig::aux_loss_weight)
+      .def_readwrite("z_loss_weight", &MoEConfig::z_loss_weight)
+      .def_readwrite("aux_loss_free", &MoEConfig::aux_loss_free)
+      .def_readwrite("bias_update_rate", &MoEConfig::bias_update_rate)
+      .def_readwrite("jitter", &MoEConfig::jitter)
+      .def_readwrite("normalize_gates", &MoEConfig::normalize_gates)
+      .def_readwrite("ffn_hidden", &MoEConfig::ffn_hidden, "each expert's MLP width (0: the GPT's ffn)");
   using models::GPTConfig;
   py::class_<GPTConfig>(models, "GPTConfig")
       .def(py::init<>())
@@ -203,6 +217,8 @@ void bind_models(py::module_& m) {
       .def_readwrite("seed", &GPTConfig::seed)
       .def_readwrite("dtype", &GPTConfig::dtype)
       .def_readwrite("device", &GPTConfig::device)
+      .def_readwrite("moe_every", &GPTConfig::moe_every, "every K-th block has an MoE MLP (0: dense)")
+      .def_readwrite("moe", &GPTConfig::moe, "the MoE layers' settings (a torus.models.MoEConfig)")
       .def_property(
           "recompute", [](const GPTConfig& c) { return c.recompute.name(); },
           [](GPTConfig& c, const std::string& policy) { c.recompute = recompute::Policy::parse(policy); },

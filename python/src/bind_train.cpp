@@ -96,12 +96,13 @@ class OwningSampler {
 
 void bind_layout(py::module_& m) {
   py::class_<train::ParallelLayout>(m, "ParallelLayout", "How the world is cut: tp x pp x dp, schedule, micro-batches.")
-      .def(py::init([](int tp, int pp, int dp, bool sequence_parallel, const py::object& schedule, int num_micro,
-                       int num_chunks, std::vector<int64_t> layers_per_stage) {
+      .def(py::init([](int tp, int pp, int dp, int ep, bool sequence_parallel, const py::object& schedule,
+                       int num_micro, int num_chunks, std::vector<int64_t> layers_per_stage) {
              train::ParallelLayout l;
              l.tp = tp;
              l.pp = pp;
              l.dp = dp;
+             l.ep = ep;
              l.sequence_parallel = sequence_parallel;
              l.schedule = kind_of(schedule);
              l.num_micro = num_micro;
@@ -109,13 +110,15 @@ void bind_layout(py::module_& m) {
              l.layers_per_stage = std::move(layers_per_stage);
              return l;
            }),
-           py::arg("tp") = 1, py::arg("pp") = 1, py::arg("dp") = 1, py::kw_only(), py::arg("sequence_parallel") = false,
+           py::arg("tp") = 1, py::arg("pp") = 1, py::arg("dp") = 1, py::kw_only(), py::arg("ep") = 1,
+           py::arg("sequence_parallel") = false,
            py::arg("schedule") = pp::ScheduleKind::k1F1B, py::arg("num_micro") = 1, py::arg("num_chunks") = 1,
            py::arg("layers_per_stage") = std::vector<int64_t>{},
            "schedule: a torus.pipeline.ScheduleKind or its name (\"gpipe\", \"1f1b\", \"interleaved\", \"zb-h1\").")
       .def_readwrite("tp", &train::ParallelLayout::tp)
       .def_readwrite("pp", &train::ParallelLayout::pp)
       .def_readwrite("dp", &train::ParallelLayout::dp)
+      .def_readwrite("ep", &train::ParallelLayout::ep, "expert-parallel size (MoE models)")
       .def_readwrite("sequence_parallel", &train::ParallelLayout::sequence_parallel)
       .def_property(
           "schedule", [](const train::ParallelLayout& l) { return l.schedule; },
@@ -216,6 +219,25 @@ void bind_layout(py::module_& m) {
       .def_readonly("loss_scale", &train::StepStats::loss_scale)
       .def_readonly("overflow", &train::StepStats::overflow)
       .def_readonly("skipped_steps", &train::StepStats::skipped_steps)
+      .def_property_readonly(
+          "routing",
+          [](const train::StepStats& s) {
+            py::list layers;
+            for (const auto& l : s.routing.layers) {
+              py::dict d;
+              d["layer"] = l.layer;
+              d["tokens_per_expert"] = l.tokens_per_expert;
+              d["assignments"] = l.assignments;
+              d["dropped"] = l.dropped;
+              d["drop_rate"] = l.drop_rate();
+              d["imbalance"] = l.imbalance();
+              d["aux_loss"] = l.mean_aux_loss();
+              d["z_loss"] = l.mean_z_loss();
+              layers.append(d);
+            }
+            return layers;
+          },
+          "MoE models: the step's routing statistics, one dict per MoE layer (empty for a dense model)")
       .def("__repr__", [](const train::StepStats& s) {
         return "<torus.train.StepStats step " + std::to_string(s.step) + " loss " + std::to_string(s.loss) +
                " grad_norm " + std::to_string(s.grad_norm) + (s.skipped ? " skipped" : "") + ">";

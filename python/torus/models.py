@@ -20,7 +20,29 @@ import torch
 from . import _C
 from . import parallel as P
 
-__all__ = ["GPT", "GPTConfig"]
+__all__ = ["GPT", "GPTConfig", "MoEConfig"]
+
+
+@dataclasses.dataclass
+class MoEConfig:
+    """The MoE layers of a GPT with ``moe_every > 0`` (C++ torus::expert::MoEConfig, docs/moe.md)."""
+
+    num_experts: int = 8
+    top_k: int = 2
+    capacity_factor: float = 0.0  # 0: dropless
+    aux_loss_weight: float = 0.01
+    z_loss_weight: float = 0.0
+    aux_loss_free: bool = False
+    bias_update_rate: float = 1e-3
+    jitter: float = 0.0
+    normalize_gates: bool = True
+    ffn_hidden: int = 0  # 0: the GPT's ffn
+
+    def to_native(self):
+        c = _C.models.MoEConfig()
+        for f in dataclasses.fields(self):
+            setattr(c, f.name, getattr(self, f.name))
+        return c
 
 
 @dataclasses.dataclass
@@ -42,6 +64,9 @@ class GPTConfig:
     dtype: torch.dtype = torch.float32
     device: str = "cpu"
     recompute: str = "none"  # activation recompute of the C++ GPT: none | full | every:K | selective
+    # Mixture of experts (C++ GPT only): every moe_every-th block has an MoE MLP; 0: dense.
+    moe_every: int = 0
+    moe: MoEConfig = dataclasses.field(default_factory=MoEConfig)
 
     @property
     def ffn(self):
@@ -56,7 +81,11 @@ class GPTConfig:
         c = _C.models.GPTConfig()
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            setattr(c, f.name, torch.device(value) if f.name == "device" else value)
+            if f.name == "device":
+                value = torch.device(value)
+            elif f.name == "moe":
+                value = value.to_native()
+            setattr(c, f.name, value)
         return c
 
     def validate(self, tp_size):
@@ -188,6 +217,10 @@ class GPT(torch.nn.Module):
         super().__init__()
         tp = groups.tp if groups is not None else None
         cfg.validate(P.group_size(tp))
+        if cfg.moe_every > 0:
+            raise NotImplementedError(
+                "the Python GPT has no MoE blocks; train MoE models with torus.train.GPTTrainer (the C++ GPT)"
+            )
         self.cfg, self.tp = cfg, tp
         self.padded_vocab = P.pad_vocab(cfg.vocab_size, P.group_size(tp), cfg.vocab_pad_multiple)
         self.rng = P.RngTracker(cfg.seed, P.group_rank(tp), torch.device(cfg.device))

@@ -59,6 +59,24 @@ void GPTConfig::validate(int tp_size) const {
               "GPT: dropout {} and attention_dropout {} must be in [0, 1)", dropout, attention_dropout);
   TORUS_CHECK(at::isFloatingType(dtype), InvalidArgument, "GPT: dtype {} is not floating point", c10::toString(dtype));
   recompute.validate();
+  TORUS_CHECK(moe_every >= 0, InvalidArgument, "GPT: moe_every must be >= 0 (0: no MoE blocks), got {}", moe_every);
+  if (moe_every > 0) {
+    TORUS_CHECK(moe_every <= num_layers, InvalidArgument,
+                "GPT: moe_every {} leaves no MoE block in a model of {} layers", moe_every, num_layers);
+    moe_config().validate(1);
+  }
+}
+
+expert::MoEConfig GPTConfig::moe_config() const {
+  expert::MoEConfig m = moe;
+  m.hidden = hidden;
+  if (m.ffn_hidden <= 0) m.ffn_hidden = ffn();
+  m.init_std = init_std;
+  m.output_init_std = init_std / std::sqrt(2.0 * static_cast<double>(num_layers));
+  m.seed = seed;
+  m.dtype = dtype;
+  m.device = device;
+  return m;
 }
 
 void GPTConfig::validate_sequence(int64_t seq_len, int tp_size) const {
@@ -66,6 +84,10 @@ void GPTConfig::validate_sequence(int64_t seq_len, int tp_size) const {
               "GPT: sequence length {} must be in [1, max_seq_len = {}]", seq_len, max_seq_len);
   TORUS_CHECK(!sequence_parallel || seq_len % tp_size == 0, InvalidArgument,
               "GPT: sequence parallelism needs the sequence length {} divisible by the tensor-parallel size {}",
+              seq_len, tp_size);
+  TORUS_CHECK(moe_every == 0 || seq_len % tp_size == 0, InvalidArgument,
+              "GPT: MoE blocks split the sequence over TP: the sequence length {} must be divisible by the "
+              "tensor-parallel size {}",
               seq_len, tp_size);
 }
 
@@ -166,6 +188,11 @@ GPTBlock::GPTBlock(const GPTConfig& config, int64_t layer, const parallel::Paral
                                       tp::RowParallelLinearOptions{config.hidden, config.hidden, true, true, sp,
                                                                    param_init(config, prefix + "proj", out_std), opts},
                                       tp_));
+  if (config.is_moe_block(layer)) {
+    moe_ = register_module("moe", std::make_shared<expert::MoELayer>(config.moe_config(), prefix + "moe", layer, groups,
+                                                                    sp, rng_));
+    return;
+  }
   fc1_ = register_module("fc1",
                          std::make_shared<tp::ColumnParallelLinear>(
                              tp::ColumnParallelLinearOptions{config.hidden, config.ffn(), true, false, sp,
@@ -221,7 +248,8 @@ at::Tensor GPTBlock::forward(const at::Tensor& hidden) {
   auto& gen = rng_->generator(hidden_region(config_));
   const bool train = is_training();
   at::Tensor x = hidden + tp::dropout(attention(ln1_->forward(hidden)), config_.dropout, train, gen);
-  at::Tensor m = fc2_->forward(at::gelu(fc1_->forward(ln2_->forward(x)), "tanh"));
+  at::Tensor m = moe_ ? moe_->forward(ln2_->forward(x))
+                      : fc2_->forward(at::gelu(fc1_->forward(ln2_->forward(x)), "tanh"));
   return x + tp::dropout(m, config_.dropout, train, gen);
 }
 
@@ -345,8 +373,14 @@ std::vector<double> gpt_item_costs(const GPTConfig& config, int64_t seq_len) {
   std::vector<double> costs;
   costs.reserve(config.num_layers + 2);
   costs.push_back(h);
+  const expert::MoEConfig moe = config.moe_config();
   for (int64_t l = 0; l < config.num_layers; ++l) {
-    costs.push_back(2.0 * (3 * h * h + h * h + 2.0 * h * config.ffn()) + 4.0 * s * h);
+    // An MoE block's MLP: k experts per token, and the router.
+    const double mlp = config.is_moe_block(l)
+                           ? static_cast<double>(moe.top_k) * 2.0 * h * static_cast<double>(moe.ffn_hidden) +
+                                 h * static_cast<double>(moe.num_experts)
+                           : 2.0 * h * config.ffn();
+    costs.push_back(2.0 * (3 * h * h + h * h + mlp) + 4.0 * s * h);
   }
   costs.push_back(2.0 * h * v + 5.0 * v);
   return costs;

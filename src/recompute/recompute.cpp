@@ -148,6 +148,16 @@ struct Replay : torch::CustomClassHolder {
   bool dummy = false;               // the last input is the zero-size leaf (no input required grad)
 };
 
+thread_local int replay_depth = 0;
+
+// replaying() is true while a replay runs on this thread.
+struct ReplayFlag {
+  ReplayFlag() { ++replay_depth; }
+  ~ReplayFlag() { --replay_depth; }
+  ReplayFlag(const ReplayFlag&) = delete;
+  ReplayFlag& operator=(const ReplayFlag&) = delete;
+};
+
 struct Recompute : torch::autograd::Function<Recompute> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, at::TensorList inputs, at::IValue replay) {
     auto* r = static_cast<Replay*>(replay.toCapsule().get());
@@ -169,6 +179,7 @@ struct Recompute : torch::autograd::Function<Recompute> {
     {
       GeneratorSwap rng(r->generators);
       ModesGuard modes(r->modes);
+      ReplayFlag flag;
       out = r->fn(detached);
     }
     if (out.requires_grad() && grads[0].defined()) {
@@ -185,6 +196,8 @@ struct Recompute : torch::autograd::Function<Recompute> {
 };
 
 }  // namespace
+
+bool replaying() { return replay_depth > 0; }
 
 at::Tensor run(MultiFunction fn, std::vector<at::Tensor> inputs, RecomputeState captures) {
   TORUS_CHECK(fn != nullptr, InvalidArgument, "recompute::run: empty function");

@@ -165,6 +165,9 @@ std::string format_step_line(const StepLine& s) {
   if (!std::isnan(s.mem_bytes)) out += " | mem " + format_bytes(s.mem_bytes);
   if (!std::isnan(s.loss_scale)) out += fmt::format(" | scale {:g}", s.loss_scale);
   if (s.skipped >= 0) out += fmt::format(" | skipped {}", s.skipped);
+  if (!std::isnan(s.aux_loss)) out += fmt::format(" | aux {:.3f}", s.aux_loss);
+  if (!std::isnan(s.drop_rate)) out += fmt::format(" | drop {:.1f}%", s.drop_rate * 100);
+  if (!std::isnan(s.imbalance)) out += fmt::format(" | imb {:.2f}", s.imbalance);
   return out;
 }
 

@@ -39,6 +39,16 @@ std::vector<Entry> table(RunConfig& c) {
       {"seq", &c.seq, "sequence length in tokens (divisible by --tp with --sp)"},
       {"dropout", &c.dropout, "embedding, residual and attention dropout"},
       {"tie-embeddings", &c.tie_embeddings, "share the input embedding with the output layer"},
+      {"moe-every", &c.moe_every, "every K-th block has a mixture-of-experts MLP (blocks K-1, 2K-1, ...; 0: dense)"},
+      {"experts", &c.experts, "MoE: experts per MoE layer"},
+      {"top-k", &c.top_k, "MoE: experts each token is routed to"},
+      {"capacity-factor", &c.capacity_factor, "MoE: expert capacity = factor x k x tokens / experts (0: dropless)"},
+      {"aux-loss-weight", &c.aux_loss_weight, "MoE: load-balancing loss weight (-1: 0.01, or 0 with --aux-loss-free)"},
+      {"z-loss-weight", &c.z_loss_weight, "MoE: router z-loss weight"},
+      {"aux-loss-free", &c.aux_loss_free, "MoE: balance with a per-expert selection bias updated from the load"},
+      {"bias-update-rate", &c.bias_update_rate, "MoE: --aux-loss-free bias step per optimizer step"},
+      {"moe-jitter", &c.moe_jitter, "MoE: multiplicative router-input noise in training (0: none)"},
+      {"moe-ffn", &c.moe_ffn, "MoE: each expert's MLP width (0: --ffn)"},
       {"precision", &c.precision, "parameters and activations: f32, bf16 or fp16 (f64 for tests)"},
       {"autocast", &c.autocast, "LibTorch autocast (bf16) over f32 parameters instead of half parameters"},
       {"grad-dtype", &c.grad_dtype, "gradient accumulation: f32 buffers or the parameter dtype (param)"},
@@ -54,7 +64,8 @@ std::vector<Entry> table(RunConfig& c) {
       {"force", &c.force, "start even when the memory pre-check says the run does not fit"},
       {"tp", &c.tp, "tensor-parallel size"},
       {"pp", &c.pp, "pipeline-parallel size"},
-      {"dp", &c.dp, "data-parallel size (0: world / (tp x pp))"},
+      {"dp", &c.dp, "data-parallel size (0: world / (tp x pp x ep))"},
+      {"ep", &c.ep, "expert-parallel size (MoE; the batch is split over dp x ep)"},
       {"sp", &c.sp, "sequence parallelism (with --tp > 1)"},
       {"schedule", &c.schedule, "pipeline schedule: gpipe, 1f1b, interleaved, zb-h1"},
       {"micro-batches", &c.micro_batches, "micro-batches per step on each data-parallel rank (gradient accumulation)"},
@@ -318,8 +329,19 @@ void RunConfig::validate() const {
   check(layers >= 1 && hidden >= 1 && heads >= 1 && seq >= 1 && ffn >= 0,
         "--layers, --hidden, --heads and --seq must be >= 1 and --ffn >= 0");
   check(dropout >= 0 && dropout < 1, fmt::format("--dropout must be in [0, 1), got {}", dropout));
-  check(tp >= 1 && pp >= 1 && dp >= 0 && micro_batches >= 1 && chunks >= 1,
-        "--tp, --pp, --micro-batches and --chunks must be >= 1 and --dp >= 0");
+  check(tp >= 1 && pp >= 1 && ep >= 1 && dp >= 0 && micro_batches >= 1 && chunks >= 1,
+        "--tp, --pp, --ep, --micro-batches and --chunks must be >= 1 and --dp >= 0");
+  check(moe_every >= 0, "--moe-every must be >= 0 (0: a dense model)");
+  check(ep == 1 || moe_every > 0, "--ep > 1 needs MoE blocks (--moe-every > 0)");
+  if (moe_every > 0) {
+    check(experts >= 1 && top_k >= 1 && top_k <= experts, "--top-k must be between 1 and --experts");
+    check(experts % ep == 0, "--experts must be divisible by --ep");
+    check(capacity_factor >= 0, "--capacity-factor must be >= 0 (0: dropless)");
+    check(aux_loss_weight >= 0 || aux_loss_weight == -1, "--aux-loss-weight must be >= 0 (or -1: the default)");
+    check(z_loss_weight >= 0 && bias_update_rate >= 0, "--z-loss-weight and --bias-update-rate must be >= 0");
+    check(moe_jitter >= 0 && moe_jitter < 1, "--moe-jitter must be in [0, 1)");
+    check(moe_ffn >= 0, "--moe-ffn must be >= 0 (0: --ffn)");
+  }
   check(steps >= 1 && batch >= 1 && log_interval >= 1 && eval_batches >= 1 && eval_interval >= 0,
         "--steps, --batch, --log-interval and --eval-batches must be >= 1 and --eval-interval >= 0");
   check(val_fraction > 0 && val_fraction < 1, fmt::format("--val-fraction must be in (0, 1), got {}", val_fraction));

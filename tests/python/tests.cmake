@@ -9,6 +9,12 @@ if(TORUS_BUILD_PYTHON)
                        COMMAND ${CMAKE_CURRENT_LIST_DIR}/run_pytest.sh ${TORUS_PYTHON_EXECUTABLE} ${PROJECT_BINARY_DIR}/python
                                ${CMAKE_CURRENT_LIST_DIR}/test_pipeline.py)
   endforeach()
+  # Mixture of experts from Python: ep layouts against dp, routing statistics.
+  foreach(_np 1 2)
+    torus_add_mpi_test(NAME python_moe_np${_np} NP ${_np} LABELS "python;moe" TIMEOUT 300
+                       COMMAND ${CMAKE_CURRENT_LIST_DIR}/run_pytest.sh ${TORUS_PYTHON_EXECUTABLE} ${PROJECT_BINARY_DIR}/python
+                               ${CMAKE_CURRENT_LIST_DIR}/test_moe.py)
+  endforeach()
   if(TORUS_WITH_OFI)
     # On ofi, where torus.init installs the shared host allocator.
     torus_add_mpi_test(NAME python_comm_ofi_np2 NP 2 LABELS "python;ofi" TIMEOUT 300 ENV TORUS_BACKEND=ofi

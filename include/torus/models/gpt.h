@@ -45,6 +45,7 @@
 #include <vector>
 
 #include "torus/parallel/block_hooks.h"
+#include "torus/parallel/expert/moe.h"
 #include "torus/parallel/groups.h"
 #include "torus/parallel/tensor/layers.h"
 #include "torus/parallel/tensor/random.h"
@@ -76,9 +77,21 @@ struct GPTConfig {
   // wrap whole blocks (by global layer index), selective each block's
   // attention core. Only when gradients are recorded; results are the same.
   recompute::Policy recompute;
+  // Mixture of experts (parallel/expert/moe.h): with moe_every = K > 0,
+  // blocks K-1, 2K-1, ... have an MoE MLP instead of the dense one. The
+  // layer's sizes, seed, dtype and device are the GPT's (moe.hidden,
+  // ffn_hidden (0: ffn()), seed, init stds are filled in by the block);
+  // moe.num_experts, top_k, capacity_factor, the loss weights and the
+  // balancing options are read from here.
+  int64_t moe_every = 0;
+  expert::MoEConfig moe;
 
   int64_t ffn() const { return ffn_hidden > 0 ? ffn_hidden : 4 * hidden; }
   int64_t head_dim() const { return hidden / num_heads; }
+  bool is_moe_block(int64_t layer) const { return moe_every > 0 && (layer + 1) % moe_every == 0; }
+  int64_t num_moe_blocks() const { return moe_every > 0 ? num_layers / moe_every : 0; }
+  // The MoE layer config of block `layer` (sizes and seeds from this config).
+  expert::MoEConfig moe_config() const;
 
   // Throws InvalidArgument naming the problem: sizes < 1, hidden not
   // divisible by num_heads, num_heads or ffn not divisible by tp_size,
@@ -86,7 +99,8 @@ struct GPTConfig {
   // communication.
   void validate(int tp_size) const;
   // Throws InvalidArgument unless an input of `seq_len` fits: seq_len <=
-  // max_seq_len and, under sequence parallelism, divisible by tp_size.
+  // max_seq_len and, under sequence parallelism (or with MoE blocks, whose
+  // tokens are split over TP), divisible by tp_size.
   void validate_sequence(int64_t seq_len, int tp_size) const;
 
   // Presets sized for CPUs.
@@ -152,6 +166,7 @@ class GPTBlock : public torch::nn::Module, public tp::ShardedModule {
   // hidden [s, b, h] ([s/tp, b, h] with sequence parallelism), same shape out.
   at::Tensor forward(const at::Tensor& hidden);
   tp::ShardSpecs shard_specs() const override;  // qv_bias: split by heads
+  const std::shared_ptr<expert::MoELayer>& moe() const { return moe_; }  // null: a dense MLP
 
  private:
   at::Tensor attention(const at::Tensor& x);
@@ -168,6 +183,7 @@ class GPTBlock : public torch::nn::Module, public tp::ShardedModule {
   std::shared_ptr<tp::LayerNorm> ln1_, ln2_;
   std::shared_ptr<tp::ColumnParallelLinear> qkv_, fc1_;
   std::shared_ptr<tp::RowParallelLinear> proj_, fc2_;
+  std::shared_ptr<expert::MoELayer> moe_;
   at::Tensor qv_bias_;  // [local heads, 2, head_dim]
 };
 

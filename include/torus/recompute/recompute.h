@@ -119,6 +119,11 @@ struct RecomputeState {
 using Function = std::function<at::Tensor(const at::Tensor&)>;
 using MultiFunction = std::function<at::Tensor(const std::vector<at::Tensor>&)>;
 
+// Whether a replay (the backward's second run of fn) is running on this
+// thread: layers that record statistics of a forward (MoE routing) skip the
+// replay so that a recomputed forward is counted once.
+bool replaying();
+
 // y = fn(input), storing only `input` for backward (Note [Recompute replay]).
 at::Tensor run(Function fn, const at::Tensor& input, RecomputeState captures = {});
 // y = fn(inputs), storing only `inputs` (e.g. q, k, v of an attention core).

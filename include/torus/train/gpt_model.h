@@ -44,6 +44,7 @@ class GPTModel : public Model {
   // Parameters per piece and Korthikanti et al.'s activations of the cut.
   std::vector<RankMemoryShape> memory_shape(const ModelLayout& layout, int num_chunks, int64_t rows,
                                             int64_t seq) const override;
+  std::pair<int64_t, int64_t> routing_shape() const override;
   c10::ScalarType param_dtype() const override { return config_.dtype; }
   c10::Device device() const override { return config_.device; }
 

@@ -108,6 +108,11 @@ struct StepLine {
   double mem_bytes = std::numeric_limits<double>::quiet_NaN();
   double loss_scale = std::numeric_limits<double>::quiet_NaN();  // fp16 runs: "scale 65536"
   int64_t skipped = -1;  // steps skipped so far (fp16 overflow); < 0: left out
+  // MoE models: "aux 1.02 | drop 2.1% | imb 1.35" (mean aux loss over layers,
+  // dropped share of the assignments, max/mean tokens per expert).
+  double aux_loss = std::numeric_limits<double>::quiet_NaN();
+  double drop_rate = std::numeric_limits<double>::quiet_NaN();
+  double imbalance = std::numeric_limits<double>::quiet_NaN();
 };
 
 // "step 40 | loss 2.31 | val 2.40 | grad_norm 0.82 | lr 3.0e-4 | 1520 tok/s |

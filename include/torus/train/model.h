@@ -42,6 +42,7 @@
 
 #include "torus/comm/process_group.h"
 #include "torus/parallel/block_hooks.h"
+#include "torus/parallel/expert/routing_stats.h"
 #include "torus/parallel/groups.h"
 #include "torus/parallel/tensor/sharding.h"
 #include "torus/train/run_config.h"
@@ -69,6 +70,10 @@ struct StageParameter {
   // -1 for parameters outside blocks (embeddings, final norm, head). ZeRO-3
   // gathers parameters block by block.
   int64_t block = -1;
+  // An expert's parameter (Note [MoE groups] in parallel/expert/moe.h): held
+  // by one ep rank of each dp x tp coordinate, reduced over the ranks that
+  // hold the same expert; its global name carries the global expert index.
+  bool expert = false;
 };
 
 class StageModule {
@@ -93,6 +98,17 @@ class StageModule {
   // them back (state_dict / load_state_dict of the engine).
   virtual std::map<std::string, at::Tensor> rng_state() const = 0;
   virtual void set_rng_state(const std::map<std::string, at::Tensor>& state) = 0;
+  // Mixture of experts (parallel/expert/moe.h); the defaults fit a dense
+  // model. The gradient scale of the auxiliary losses (the engine's
+  // 1/num_micro x loss scale), set before each step's pipeline.
+  virtual void set_loss_grad_scale(double /*scale*/) {}
+  // After each step: the routing statistics of the stage's MoE layers since
+  // the last call, and the auxiliary-loss-free bias update (`stepped`: the
+  // optimizer step was taken). Not collective.
+  virtual std::vector<expert::LayerRoutingStats> end_step(bool /*stepped*/) { return {}; }
+  // State that is not a parameter and is the same on every rank that holds
+  // it (router biases), by global name; aliases the live tensors.
+  virtual std::map<std::string, at::Tensor> extra_state() const { return {}; }
 };
 
 struct ModelLayout {
@@ -100,6 +116,7 @@ struct ModelLayout {
   bool sequence_parallel = false;
   int num_stages = 1;
   std::vector<int64_t> blocks_per_stage;  // empty: the model balances the cut
+  int ep = 1;  // expert-parallel size (MoE models)
 };
 
 // What the memory pre-check (memory_plan.h) needs from the model about one
@@ -142,6 +159,9 @@ class Model {
                                                     int64_t /*rows*/, int64_t /*seq*/) const {
     return {};
   }
+  // MoE models: the number of layers and experts for the routing statistics
+  // (RoutingSummary::pack); {0, 0} for a dense model.
+  virtual std::pair<int64_t, int64_t> routing_shape() const { return {0, 0}; }
   virtual c10::ScalarType param_dtype() const = 0;
   virtual c10::Device device() const = 0;
 };

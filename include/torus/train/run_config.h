@@ -50,6 +50,18 @@ struct RunConfig {
   int64_t seq = 128;
   double dropout = 0.0;
   bool tie_embeddings = true;
+  // Mixture of experts (parallel/expert/moe.h): every moe_every-th block has
+  // an MoE MLP (0: a dense model).
+  int64_t moe_every = 0;
+  int64_t experts = 8;
+  int64_t top_k = 2;
+  double capacity_factor = 0;    // 0: dropless
+  double aux_loss_weight = -1;   // -1: 0.01, or 0 with --aux-loss-free
+  double z_loss_weight = 0;
+  bool aux_loss_free = false;
+  double bias_update_rate = 1e-3;
+  double moe_jitter = 0;
+  int64_t moe_ffn = 0;           // each expert's MLP width (0: --ffn)
 
   // --- precision and memory ----------------------------------------------------
   std::string precision = "f32";  // f32 | bf16 | fp16 (f64 for tests)
@@ -72,7 +84,8 @@ struct RunConfig {
   // --- layout ------------------------------------------------------------------
   int tp = 1;
   int pp = 1;
-  int dp = 0;  // 0: world / (tp x pp)
+  int dp = 0;  // 0: world / (tp x pp x ep)
+  int ep = 1;  // expert-parallel size (MoE: experts spread over ep ranks)
   bool sp = false;
   std::string schedule = "1f1b";
   int micro_batches = 4;  // per data-parallel rank: the gradient accumulation of a step

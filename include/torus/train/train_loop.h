@@ -60,6 +60,7 @@
 
 #include "torus/comm/process_group.h"
 #include "torus/train/memory_plan.h"
+#include "torus/parallel/expert/routing_stats.h"
 #include "torus/train/run_config.h"
 #include "torus/train/trainer.h"
 
@@ -100,6 +101,7 @@ struct StepRecord {
   int64_t skipped_steps = 0;  // so far
   double loss_scale = 1;      // fp16: the scale of this step's backward
   int peak_live_micro = 0;
+  expert::RoutingSummary routing;  // MoE: the step's routing statistics (empty: dense)
 };
 
 struct RunSummary {

@@ -19,16 +19,20 @@
 //  * the gradient sync (parallel/data/grad_sync.h): DDP today;
 //  * the optimizer (optim/): AdamW etc. over parameter groups, with decay on
 //    the parameters the model marks;
-//  * clipping by the global norm over pp x tp, each element counted once
-//    (optim/clip.h).
+//  * clipping by the global norm over pp x ep x tp, each element counted
+//    once (optim/clip.h): dense parameters on ep rank 0, experts everywhere.
 //
-// Layout: the world is a mesh pp x dp x tp (tp innermost). Each pipeline rank
+// Layout: the world is a mesh pp x dp x ep x tp (tp innermost). The data
+// ranks are dp x ep; MoE models keep one gradient sync for the dense
+// parameters (over dp x ep) and one for the experts' (over dp), Note [MoE
+// groups] in parallel/expert/moe.h. Each pipeline rank
 // holds num_chunks stages (virtual stages; Note [Stage layout] in
 // schedule.h).
 //
 // One training step (train_step):
-//  1. The global batch is split over dp (rows), then into num_micro
-//     micro-batches; stage 0 reads the tokens, the last stage the labels.
+//  1. The global batch is split into num_micro micro-batches, and each
+//     micro-batch over the data ranks (dp x ep; Note [Micro-batch rows]);
+//     stage 0 reads the tokens, the last stage the labels.
 //  2. The pipeline executor runs the schedule (GPipe, 1F1B, interleaved 1F1B
 //     or ZB-H1). Each micro-batch's loss is its mean token loss divided by
 //     num_micro, so the step's gradient is that of the mean over the global
@@ -68,6 +72,7 @@
 #include "torus/parallel/pipeline/schedule.h"
 #include "torus/amp/loss_scaler.h"
 #include "torus/parallel/data/zero.h"
+#include "torus/parallel/expert/routing_stats.h"
 #include "torus/train/model.h"
 
 namespace torus::train {
@@ -76,6 +81,10 @@ struct ParallelLayout {
   int tp = 1;
   int pp = 1;
   int dp = 1;
+  // Expert parallelism (MoE models; Note [MoE groups] in
+  // parallel/expert/moe.h): the world is pp x dp x ep x tp; the batch is
+  // split over dp x ep (the data ranks), each expert lives on one ep rank.
+  int ep = 1;
   bool sequence_parallel = false;
   pp::ScheduleKind schedule = pp::ScheduleKind::k1F1B;
   int num_micro = 1;   // micro-batches per step on each dp rank
@@ -85,11 +94,12 @@ struct ParallelLayout {
   std::vector<int64_t> layers_per_stage;
 
   int num_stages() const { return pp * num_chunks; }
-  // Throws InvalidArgument naming the problem: sizes < 1, tp*pp*dp !=
+  int data_parallel() const { return dp * ep; }  // the ranks that read different rows
+  // Throws InvalidArgument naming the problem: sizes < 1, tp*pp*dp*ep !=
   // world_size, num_chunks > 1 without the interleaved schedule (or with
   // pp < 2), an interleaved schedule whose num_micro is not a multiple of pp.
   void validate(int world_size) const;
-  // "tp=2 pp=2 dp=2, 1f1b, m=4".
+  // "tp=2 pp=2 dp=2 ep=2, 1f1b, m=4" (ep only when > 1).
   std::string describe() const;
 };
 
@@ -153,6 +163,9 @@ struct StepStats {
   double loss_scale = 1;   // the scale this step's backward used (f16; 1 otherwise)
   bool overflow = false;   // f16: an inf/NaN gradient on some rank skipped the step
   int64_t skipped_steps = 0;  // steps skipped so far (overflow or non-finite norm)
+  // MoE models: the step's routing statistics of every MoE layer (the same
+  // on every rank); empty for a dense model.
+  expert::RoutingSummary routing;
 };
 
 // One tensor of the engine's state and how it lies over the ranks.
@@ -168,6 +181,9 @@ struct StateTensor {
   // A tied parameter's copy (and its optimizer state): the key of the state
   // it copies ("model.embedding.word.weight"); checkpoints save that once.
   std::string tied_to{};
+  // An expert's parameter or its optimizer state: replicated over dp only,
+  // not over dp x ep (Note [MoE groups]).
+  bool expert = false;
 };
 using StateDict = std::map<std::string, StateTensor>;
 

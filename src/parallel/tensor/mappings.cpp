@@ -25,14 +25,7 @@ int64_t wrap_dim(int64_t dim, const at::Tensor& x) {
   return dim < 0 ? dim + n : dim;
 }
 
-// Note [Tensors from Python] (python/src/bind_comm.cpp): a collective's Work
-// keeps its tensors until the op completes, and the backend's progress thread
-// drops them. A tensor the caller handed in may have a Python object, whose
-// release needs the GIL; so the collective gets a new TensorImpl over the same
-// storage instead, with no Python object and no autograd link.
-at::Tensor comm_alias(const at::Tensor& t) {
-  return at::empty({0}, t.options()).set_(t.storage(), t.storage_offset(), t.sizes(), t.strides());
-}
+using detail::comm_alias;
 
 void check_divisible(const at::Tensor& x, int64_t dim, int n, const char* what) {
   TORUS_CHECK(x.size(dim) % n == 0, InvalidArgument,

@@ -5,6 +5,7 @@
 #include <torch/nn/module.h>
 
 #include <algorithm>
+#include <set>
 
 #include "core/log.h"
 #include "torus/parallel/tensor/sharding.h"
@@ -28,6 +29,12 @@ class GPTStage : public StageModule {
 
   std::vector<StageParameter> parameters() const override {
     const tp::ShardSpecs specs = tp::collect_shard_specs(*gpt_);
+    std::set<const void*> expert_params;
+    for (const auto& m : gpt_->modules()) {
+      auto* holder = dynamic_cast<const expert::MoEParameters*>(m.get());
+      if (!holder || !holder->expert()) continue;
+      for (const auto& p : holder->parameters(/*recurse=*/false)) expert_params.insert(p.unsafeGetTensorImpl());
+    }
     std::vector<StageParameter> out;
     for (const auto& item : gpt_->named_parameters()) {
       StageParameter p;
@@ -43,6 +50,7 @@ class GPTStage : public StageModule {
       }
       if (tied_owner_stage_ && p.name == "embedding.word.weight") p.tie_key = kTieKey;
       if (p.name.rfind("blocks.", 0) == 0) p.block = std::stoll(p.name.substr(7, p.name.find('.', 7) - 7));
+      p.expert = expert_params.count(p.tensor.unsafeGetTensorImpl()) > 0;
       out.push_back(std::move(p));
     }
     return out;
@@ -68,6 +76,31 @@ class GPTStage : public StageModule {
     const tp::RngTracker::State st = gpt_->rng()->get_state();
     return {{"replicated", st.replicated}, {"sharded", st.sharded}};
   }
+  std::vector<std::shared_ptr<expert::MoELayer>> moe_layers() const {
+    std::vector<std::shared_ptr<expert::MoELayer>> out;
+    for (const auto& b : gpt_->blocks()) {
+      if (b->moe()) out.push_back(b->moe());
+    }
+    return out;
+  }
+  void set_loss_grad_scale(double scale) override {
+    for (const auto& m : moe_layers()) m->set_loss_grad_scale(scale);
+  }
+  std::vector<expert::LayerRoutingStats> end_step(bool stepped) override {
+    std::vector<expert::LayerRoutingStats> out;
+    for (const auto& m : moe_layers()) out.push_back(m->end_step(stepped));
+    return out;
+  }
+  std::map<std::string, at::Tensor> extra_state() const override {
+    std::map<std::string, at::Tensor> out;
+    for (const auto& b : gpt_->blocks()) {
+      if (b->moe() && b->moe()->bias().defined()) {
+        out[fmt::format("blocks.{}.moe.router.bias", b->moe()->layer())] = b->moe()->bias();
+      }
+    }
+    return out;
+  }
+
   void set_rng_state(const std::map<std::string, at::Tensor>& state) override {
     auto get = [&](const char* name) {
       auto it = state.find(name);
@@ -97,6 +130,9 @@ std::vector<models::GPTPart> GPTModel::parts(const ModelLayout& layout) const {
 
 void GPTModel::validate(const ModelLayout& layout) const {
   with_layout(config_, layout).validate(layout.tp);
+  if (config_.moe_every > 0) config_.moe_config().validate(layout.ep);
+  TORUS_CHECK(layout.ep == 1 || config_.moe_every > 0, InvalidArgument,
+              "GPTModel: ep={} needs MoE blocks (moe_every > 0)", layout.ep);
   (void)parts(layout);
 }
 
@@ -126,16 +162,31 @@ std::unique_ptr<StageModule> GPTModel::build_stage(int stage, const ModelLayout&
 
 int64_t GPTModel::num_parameters() const {
   const int64_t h = config_.hidden, L = config_.num_layers, f = config_.ffn(), v = config_.vocab_size;
-  const int64_t block = 2 * h + (3 * h * h + 2 * h) + (h * h + h) + 2 * h + (h * f + f) + (f * h + h);
-  int64_t n = v * h + config_.max_seq_len * h + L * block + 2 * h;
+  const int64_t attention = 2 * h + (3 * h * h + 2 * h) + (h * h + h) + 2 * h;
+  const int64_t dense_mlp = (h * f + f) + (f * h + h);
+  const expert::MoEConfig moe = config_.moe_config();
+  const int64_t fm = moe.ffn_hidden;
+  const int64_t moe_mlp = moe.num_experts * ((h * fm + fm) + (fm * h + h)) + moe.num_experts * h;
+  const int64_t M = config_.num_moe_blocks();
+  int64_t n = v * h + config_.max_seq_len * h + L * attention + (L - M) * dense_mlp + M * moe_mlp + 2 * h;
   if (!config_.tie_embeddings) n += v * h;
   return n;
 }
 
+// An MoE block counts the k experts a token runs through and the router.
 double GPTModel::flops_per_token(int64_t seq_len) const {
   const double h = config_.hidden, L = config_.num_layers, f = config_.ffn(), v = config_.vocab_size;
-  const double matmul_params = L * (4 * h * h + 2 * h * f) + v * h;
+  const expert::MoEConfig moe = config_.moe_config();
+  const double M = static_cast<double>(config_.num_moe_blocks());
+  const double moe_mlp = 2 * h * static_cast<double>(moe.ffn_hidden) * static_cast<double>(moe.top_k) +
+                         h * static_cast<double>(moe.num_experts);
+  const double matmul_params = L * 4 * h * h + (L - M) * 2 * h * f + M * moe_mlp + v * h;
   return 6.0 * matmul_params + 12.0 * L * h * static_cast<double>(seq_len);
+}
+
+std::pair<int64_t, int64_t> GPTModel::routing_shape() const {
+  if (config_.moe_every <= 0) return {0, 0};
+  return {config_.num_layers, config_.moe.num_experts};
 }
 
 namespace {

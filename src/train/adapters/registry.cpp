@@ -23,6 +23,16 @@ std::shared_ptr<Model> make_model(const RunConfig& c) {
     g.tie_embeddings = c.tie_embeddings;
     g.seed = static_cast<uint64_t>(c.seed);
     g.recompute = recompute::Policy::parse(c.recompute);
+    g.moe_every = c.moe_every;
+    g.moe.num_experts = c.experts;
+    g.moe.top_k = c.top_k;
+    g.moe.capacity_factor = c.capacity_factor;
+    g.moe.aux_loss_weight = c.aux_loss_weight >= 0 ? c.aux_loss_weight : (c.aux_loss_free ? 0.0 : 1e-2);
+    g.moe.z_loss_weight = c.z_loss_weight;
+    g.moe.aux_loss_free = c.aux_loss_free;
+    g.moe.bias_update_rate = c.bias_update_rate;
+    g.moe.jitter = c.moe_jitter;
+    g.moe.ffn_hidden = c.moe_ffn;
     g.dtype = c.precision == "f64"    ? at::kDouble
               : c.precision == "bf16" ? at::kBFloat16
               : c.precision == "fp16" ? at::kHalf

@@ -45,7 +45,7 @@ int64_t all_reduce_long(const comm::ProcessGroupPtr& world, int64_t v, comm::Red
 // the same values here give every rank the same stages and TP slice.
 bool same_placement(const std::string& a, const std::string& b) {
   const Json ja = Json::parse(a), jb = Json::parse(b);
-  for (const char* k : {"world_size", "tp", "pp", "dp", "chunks", "stages", "sequence_parallel"}) {
+  for (const char* k : {"world_size", "tp", "pp", "dp", "ep", "chunks", "stages", "sequence_parallel"}) {
     if (ja.value(k, Json()) != jb.value(k, Json())) return false;
   }
   return true;
@@ -123,32 +123,37 @@ Prepared prepare_load(Trainer& trainer, const ckpt::Checkpoint& ck, const std::s
 
 ckpt::ShardedState sharded_state(const Trainer& trainer, bool for_save) {
   const comm::DeviceMesh& mesh = trainer.mesh();
-  const int tp_rank = mesh.coord("tp"), tp_size = mesh.size("tp"), dp_rank = mesh.coord("dp");
+  const int tp_rank = mesh.coord("tp"), tp_size = mesh.size("tp");
   const int world_rank = mesh.world()->rank();
-  const int dp_size = mesh.size("dp");
+  // Dense tensors are replicated over the data ranks (dp x ep), an expert's
+  // over dp (Note [MoE groups] in parallel/expert/moe.h).
+  const int dp_size = mesh.size("dp"), ep_size = mesh.size("ep");
+  const int expert_rank = mesh.coord("dp"), data_rank = mesh.coord("dp") * ep_size + mesh.coord("ep");
   const StateDict state = trainer.state_dict();
-  // Note [Balanced writers]: a tensor replicated over dp is written by one
-  // dp rank, chosen so that the dp ranks write about the same bytes (the
-  // largest first, each to the least loaded; every dp rank holds the same
-  // such tensors, so each computes the same assignment without
-  // communicating).
+  // Note [Balanced writers]: a tensor replicated over the data ranks is
+  // written by one of them, chosen so that they write about the same bytes
+  // (the largest first, each to the least loaded; every replica holds the
+  // same such tensors, so each computes the same assignment without
+  // communicating). Expert tensors are assigned among their own replicas.
   std::map<std::string, int> replica_writer;
   if (for_save) {
-    std::vector<std::pair<int64_t, std::string>> sizes;
-    for (const auto& [key, st] : state) {
-      if ((key.rfind("model.", 0) == 0 || key.rfind("optim.", 0) == 0) && st.tensor.dim() > 0 &&
-          st.flat_offset < 0 && st.tied_to.empty()) {
-        sizes.emplace_back(st.tensor.numel() * static_cast<int64_t>(st.tensor.element_size()), key);
+    for (const bool experts : {false, true}) {
+      std::vector<std::pair<int64_t, std::string>> sizes;
+      for (const auto& [key, st] : state) {
+        if ((key.rfind("model.", 0) == 0 || key.rfind("optim.", 0) == 0) && st.tensor.dim() > 0 &&
+            st.flat_offset < 0 && st.tied_to.empty() && st.expert == experts) {
+          sizes.emplace_back(st.tensor.numel() * static_cast<int64_t>(st.tensor.element_size()), key);
+        }
       }
-    }
-    std::sort(sizes.begin(), sizes.end(), [](const auto& a, const auto& b) {
-      return a.first != b.first ? a.first > b.first : a.second < b.second;
-    });
-    std::vector<int64_t> load(dp_size, 0);
-    for (const auto& [bytes, key] : sizes) {
-      const int r = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
-      load[r] += bytes;
-      replica_writer[key] = r;
+      std::sort(sizes.begin(), sizes.end(), [](const auto& a, const auto& b) {
+        return a.first != b.first ? a.first > b.first : a.second < b.second;
+      });
+      std::vector<int64_t> load(experts ? dp_size : dp_size * ep_size, 0);
+      for (const auto& [bytes, key] : sizes) {
+        const int r = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
+        load[r] += bytes;
+        replica_writer[key] = r;
+      }
     }
   }
   ckpt::ShardedState out;
@@ -186,7 +191,8 @@ ckpt::ShardedState sharded_state(const Trainer& trainer, bool for_save) {
           writer = !replicated_tp || tp_rank == 0;
         } else {
           auto w = replica_writer.find(key);
-          writer = (w == replica_writer.end() ? 0 : w->second) == dp_rank && (!replicated_tp || tp_rank == 0);
+          writer = (w == replica_writer.end() ? 0 : w->second) == (st.expert ? expert_rank : data_rank) &&
+                   (!replicated_tp || tp_rank == 0);
         }
       } else {
         writer = world_rank == 0;  // engine counters, the loss scaler
@@ -204,7 +210,7 @@ std::string layout_json(const Trainer& trainer, int zero_stage, const std::strin
             {"tp", l.tp},
             {"pp", l.pp},
             {"dp", l.dp},
-            {"ep", 1},
+            {"ep", l.ep},
             {"chunks", l.num_chunks},
             {"sequence_parallel", l.sequence_parallel},
             {"stages", trainer.describe_stages()},

@@ -43,15 +43,32 @@ at::Tensor to_tensor(const std::vector<int64_t>& tokens, int64_t rows, int64_t c
 // A JSON number, or null when not finite (JSON has no NaN).
 Json number(double v) { return std::isfinite(v) ? Json(v) : Json(nullptr); }
 
+// The "moe" object of a step record: totals and each layer's figures.
+Json routing_json(const expert::RoutingSummary& r) {
+  Json layers = Json::array();
+  for (const auto& l : r.layers) {
+    layers.push_back({{"layer", l.layer},
+                      {"tokens_per_expert", l.tokens_per_expert},
+                      {"drop_rate", number(l.drop_rate())},
+                      {"imbalance", number(l.imbalance())},
+                      {"aux_loss", number(l.mean_aux_loss())},
+                      {"z_loss", number(l.mean_z_loss())}});
+  }
+  return {{"aux_loss", number(r.aux_loss())},     {"z_loss", number(r.z_loss())},
+          {"drop_rate", number(r.drop_rate())},   {"imbalance", number(r.imbalance())},
+          {"tokens_per_expert", r.tokens_per_expert()}, {"layers", layers}};
+}
+
 }  // namespace
 
 ParallelLayout run_layout(const RunConfig& c, int world_size) {
-  TORUS_CHECK(world_size % (c.tp * c.pp) == 0, InvalidArgument, "--tp x --pp = {} x {} does not divide the {} ranks",
-              c.tp, c.pp, world_size);
+  TORUS_CHECK(world_size % (c.tp * c.pp * c.ep) == 0, InvalidArgument,
+              "--tp x --pp x --ep = {} x {} x {} does not divide the {} ranks", c.tp, c.pp, c.ep, world_size);
   ParallelLayout l;
   l.tp = c.tp;
   l.pp = c.pp;
-  l.dp = c.dp > 0 ? c.dp : world_size / (c.tp * c.pp);
+  l.ep = c.ep;
+  l.dp = c.dp > 0 ? c.dp : world_size / (c.tp * c.pp * c.ep);
   l.sequence_parallel = c.sp;
   l.schedule = pp::schedule_kind_from_name(c.schedule);
   l.num_micro = c.micro_batches;
@@ -362,6 +379,7 @@ RunSummary TrainLoop::run() {
     r.loss_scale = st.loss_scale;
     r.skipped_steps = st.skipped_steps;
     r.peak_live_micro = st.peak_live;
+    r.routing = st.routing;
     tokens += static_cast<double>(st.tokens);
     seconds += st.seconds;
     if (first) summary.first_loss = r.loss;
@@ -373,7 +391,7 @@ RunSummary TrainLoop::run() {
         TORUS_LOG_WARN("train: MFU {:.0f}% exceeds the measured peak {:.1f} GFLOP/s: the peak is wrong", r.mfu * 100,
                        m.peak / 1e9);
       }
-      metrics->write({{"event", "step"},
+      Json step_json = {{"event", "step"},
                       {"step", r.step},
                       {"loss", number(r.loss)},
                       {"val_loss", number(r.val_loss)},
@@ -389,7 +407,9 @@ RunSummary TrainLoop::run() {
                       {"skipped", r.skipped},
                       {"skipped_steps", r.skipped_steps},
                       {"loss_scale", r.loss_scale},
-                      {"peak_live_micro", r.peak_live_micro}});
+                      {"peak_live_micro", r.peak_live_micro}};
+      if (!r.routing.empty()) step_json["moe"] = routing_json(r.routing);
+      metrics->write(step_json);
       if (tb) {
         tb->add_scalar("train/loss", r.loss, r.step);
         if (!std::isnan(r.val_loss)) tb->add_scalar("val/loss", r.val_loss, r.step);
@@ -399,6 +419,12 @@ RunSummary TrainLoop::run() {
         tb->add_scalar("perf/tokens_per_s", r.tokens_per_s, r.step);
         if (!std::isnan(r.mfu)) tb->add_scalar("perf/mfu", r.mfu, r.step);
         tb->add_scalar("mem/peak_rss_bytes", r.mem_bytes, r.step);
+        if (!r.routing.empty()) {
+          tb->add_scalar("moe/aux_loss", r.routing.aux_loss(), r.step);
+          tb->add_scalar("moe/z_loss", r.routing.z_loss(), r.step);
+          tb->add_scalar("moe/drop_rate", r.routing.drop_rate(), r.step);
+          tb->add_scalar("moe/imbalance", r.routing.imbalance(), r.step);
+        }
         tb->flush();
       }
       if (r.step % c.log_interval == 0 || last || !std::isnan(r.val_loss)) {
@@ -415,6 +441,11 @@ RunSummary TrainLoop::run() {
         if (fp16) {
           sl.loss_scale = r.loss_scale;
           sl.skipped = r.skipped_steps;
+        }
+        if (!r.routing.empty()) {
+          sl.aux_loss = r.routing.aux_loss();
+          sl.drop_rate = r.routing.drop_rate();
+          sl.imbalance = r.routing.imbalance();
         }
         m.line(format_step_line(sl));
       }

@@ -41,11 +41,11 @@ double seconds_since(Clock::time_point t0) {
 // ---- ParallelLayout -----------------------------------------------------------------
 
 void ParallelLayout::validate(int world_size) const {
-  TORUS_CHECK(tp >= 1 && pp >= 1 && dp >= 1, InvalidArgument, "layout: tp, pp and dp must be >= 1 (got tp={} pp={} dp={})",
-              tp, pp, dp);
-  TORUS_CHECK(tp * pp * dp == world_size, InvalidArgument,
-              "layout: tp x pp x dp = {} x {} x {} = {} ranks, but the world has {}", tp, pp, dp, tp * pp * dp,
-              world_size);
+  TORUS_CHECK(tp >= 1 && pp >= 1 && dp >= 1 && ep >= 1, InvalidArgument,
+              "layout: tp, pp, dp and ep must be >= 1 (got tp={} pp={} dp={} ep={})", tp, pp, dp, ep);
+  TORUS_CHECK(tp * pp * dp * ep == world_size, InvalidArgument,
+              "layout: tp x pp x dp x ep = {} x {} x {} x {} = {} ranks, but the world has {}", tp, pp, dp, ep,
+              tp * pp * dp * ep, world_size);
   TORUS_CHECK(num_micro >= 1, InvalidArgument, "layout: num_micro must be >= 1, got {}", num_micro);
   TORUS_CHECK(num_chunks >= 1, InvalidArgument, "layout: num_chunks must be >= 1, got {}", num_chunks);
   if (num_chunks > 1) {
@@ -65,6 +65,7 @@ void ParallelLayout::validate(int world_size) const {
 
 std::string ParallelLayout::describe() const {
   std::string s = "tp=" + std::to_string(tp) + " pp=" + std::to_string(pp) + " dp=" + std::to_string(dp);
+  if (ep > 1) s += " ep=" + std::to_string(ep);
   if (sequence_parallel) s += " sp";
   s += ", " + std::string(pp::schedule_kind_name(schedule));
   if (num_chunks > 1) s += " v=" + std::to_string(num_chunks);
@@ -73,6 +74,23 @@ std::string ParallelLayout::describe() const {
 }
 
 // ---- the engine ---------------------------------------------------------------------
+
+namespace {
+
+// ZeRO-3 of the dense and of the expert parameters around the same blocks.
+class ChainedBlockHooks : public parallel::BlockHooks {
+ public:
+  ChainedBlockHooks(std::shared_ptr<parallel::BlockHooks> outer, std::shared_ptr<parallel::BlockHooks> inner)
+      : outer_(std::move(outer)), inner_(std::move(inner)) {}
+  at::Tensor run_block(int64_t layer, const at::Tensor& x, const parallel::BlockFn& run) override {
+    return outer_->run_block(layer, x, [&](const at::Tensor& y) { return inner_->run_block(layer, y, run); });
+  }
+
+ private:
+  std::shared_ptr<parallel::BlockHooks> outer_, inner_;
+};
+
+}  // namespace
 
 struct Trainer::Impl : public pp::StageCallbacks {
   std::shared_ptr<const Model> model;
@@ -87,13 +105,19 @@ struct Trainer::Impl : public pp::StageCallbacks {
   parallel::ParallelGroups groups;
   comm::ProcessGroupPtr pp_group;    // the executor's (it owns the point-to-point tags)
   comm::ProcessGroupPtr eval_group;  // forward-only passes (their own tags)
-  comm::ProcessGroupPtr mp_group;    // pp x tp: the global gradient norm
+  comm::ProcessGroupPtr mp_group;    // pp x ep x tp: the global gradient norm
   comm::ProcessGroupPtr emb_group;   // first and last pipeline rank (tied embeddings), else null
   int P = 1, V = 1, S = 1, rank = 0;
 
   std::vector<std::unique_ptr<StageModule>> chunks;
-  std::vector<std::unique_ptr<dp::GradSync>> syncs;  // per chunk: DDP, null if nothing to reduce
-  std::vector<std::shared_ptr<dp::Zero>> zeros;      // per chunk: ZeRO (zero_stage >= 1), else null
+  // Per chunk and per kind of parameter (dense; experts, Note [MoE groups]):
+  // DDP (null if nothing to reduce) and ZeRO (zero_stage >= 1, else null).
+  struct Sync {
+    int chunk = 0;
+    std::unique_ptr<dp::GradSync> ddp;
+    std::shared_ptr<dp::Zero> zero;
+  };
+  std::vector<Sync> syncs;
   std::unordered_map<const void*, at::Tensor> segment_grads;  // ZeRO segment value -> its reduced gradient
   comm::ProcessGroupPtr norm_group;  // the global norm's reduction: pp x tp, the world under ZeRO
   std::unique_ptr<optim::Optimizer> optimizer;
@@ -176,8 +200,11 @@ struct Trainer::Impl : public pp::StageCallbacks {
   void set_sync_for_pass(int chunk, std::vector<int>& passes) {
     const int done = ++passes.at(chunk);
     if (!options.overlap_grad_sync) return;
-    if (auto& sync = syncs.at(chunk)) sync->set_sync_enabled(done == layout.num_micro);
-    if (auto& zero = zeros.at(chunk)) zero->set_sync_enabled(done == layout.num_micro);
+    for (auto& s : syncs) {
+      if (s.chunk != chunk) continue;
+      if (s.ddp) s.ddp->set_sync_enabled(done == layout.num_micro);
+      if (s.zero) s.zero->set_sync_enabled(done == layout.num_micro);
+    }
   }
 
   // Split backward (Note [Deferred weight gradients]): the input-gradient
@@ -223,21 +250,29 @@ struct Trainer::Impl : public pp::StageCallbacks {
 
   // ---- helpers ----
 
-  // Splits the global batch: this dp rank's rows, then num_micro micro-batches.
+  // Note [Micro-batch rows]: the global batch is cut into num_micro
+  // micro-batches, and each micro-batch into equal row blocks, one per data
+  // rank (dp x ep, in the data group's rank order). So the data ranks hold,
+  // together, exactly the rows of the single-process micro-batch of the same
+  // index — which MoE routing needs (its capacity and auxiliary losses are
+  // per micro-batch: Note [Layout-independent routing] in moe.h); for a
+  // dense model any split gives the same step.
   void load_batch(const at::Tensor& batch, const char* what) {
     TORUS_CHECK(batch.defined() && batch.dim() == 2 && batch.scalar_type() == at::kLong, InvalidArgument,
                 "Trainer::{}: batch must be a [global_batch, seq + 1] int64 tensor", what);
     const int64_t rows = batch.size(0), seq = batch.size(1) - 1;
-    const int64_t parts = int64_t{layout.dp} * layout.num_micro;
+    const int data = layout.data_parallel();
+    const int64_t parts = int64_t{data} * layout.num_micro;
     TORUS_CHECK(rows >= parts && rows % parts == 0, InvalidArgument,
-                "Trainer::{}: a global batch of {} rows does not split into dp x micro-batches = {} x {} equal parts",
-                what, rows, layout.dp, layout.num_micro);
+                "Trainer::{}: a global batch of {} rows does not split into data ranks (dp x ep) x micro-batches = "
+                "{} x {} equal parts",
+                what, rows, data, layout.num_micro);
     TORUS_CHECK(seq >= 1, InvalidArgument, "Trainer::{}: the batch needs at least 2 columns (seq + 1)", what);
     model->validate_sequence(seq, model_layout);
-    at::Tensor local = batch.chunk(layout.dp, 0)[groups.dp_rank()].to(model->device());
     inputs.clear();
     labels.clear();
-    for (const at::Tensor& mb : local.chunk(layout.num_micro, 0)) {
+    for (const at::Tensor& micro : batch.chunk(layout.num_micro, 0)) {
+      at::Tensor mb = micro.chunk(data, 0)[groups.dp_rank()].to(model->device());
       inputs.push_back(mb.narrow(1, 0, seq).contiguous());
       labels.push_back(mb.narrow(1, 1, seq).contiguous());
     }
@@ -261,16 +296,47 @@ struct Trainer::Impl : public pp::StageCallbacks {
   }
 
   void zero_grads() {
-    for (size_t c = 0; c < chunks.size(); ++c) {
-      if (zeros[c]) zeros[c]->clear_grads();
-      if (syncs[c]) {
-        syncs[c]->clear_grads();  // backward copies each gradient in: one pass
-      } else if (!zeros[c]) {
-        for (auto& p : chunks[c]->module()->parameters()) {
-          if (p.grad().defined()) p.mutable_grad().zero_();
-        }
+    for (auto& s : syncs) {
+      if (s.zero) s.zero->clear_grads();
+      if (s.ddp) s.ddp->clear_grads();  // backward copies each gradient in: one pass
+    }
+    for (const auto& chunk : chunks) {
+      for (auto& p : chunk->module()->parameters()) {
+        if (sync_of.count(p.unsafeGetTensorImpl()) || held_by_zero(p)) continue;
+        if (p.grad().defined()) p.mutable_grad().zero_();
       }
     }
+  }
+
+  bool held_by_zero(const at::Tensor& p) const {
+    for (const auto& s : syncs) {
+      if (s.zero && s.zero->holds(p)) return true;
+    }
+    return false;
+  }
+  const dp::Zero* zero_of(const at::Tensor& p) const {
+    for (const auto& s : syncs) {
+      if (s.zero && s.zero->holds(p)) return s.zero.get();
+    }
+    return nullptr;
+  }
+
+  // MoE: the step's routing statistics of every layer, known on every rank
+  // (each pipeline rank contributes its stages' layers).
+  expert::RoutingSummary routing_stats(bool stepped) {
+    const auto [layers, experts] = model->routing_shape();
+    if (layers <= 0) return {};
+    std::vector<expert::LayerRoutingStats> mine;
+    for (auto& c : chunks) {
+      for (auto& l : c->end_step(stepped)) mine.push_back(std::move(l));
+    }
+    std::vector<double> packed = expert::RoutingSummary::pack(mine, layers, experts);
+    if (P > 1) {
+      at::Tensor t = at::tensor(packed, at::TensorOptions().dtype(at::kDouble));
+      pp_group->all_reduce(t)->wait();
+      packed.assign(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
+    }
+    return expert::RoutingSummary::unpack(packed, layers, experts);
   }
 
   // Mean loss over micro-batches on the last stage, averaged over dp, then
@@ -292,7 +358,8 @@ Trainer::Trainer(comm::ProcessGroupPtr world, std::shared_ptr<const Model> model
   layout_.validate(world->size());
   Impl& m = *impl_;
   m.model = model_;
-  m.model_layout = ModelLayout{layout_.tp, layout_.sequence_parallel, layout_.num_stages(), layout_.layers_per_stage};
+  m.model_layout =
+      ModelLayout{layout_.tp, layout_.sequence_parallel, layout_.num_stages(), layout_.layers_per_stage, layout_.ep};
   model_->validate(m.model_layout);
   TORUS_CHECK(optim.lr >= 0 && optim.weight_decay >= 0 && optim.eps > 0 && optim.beta1 >= 0 && optim.beta1 < 1 &&
                   optim.beta2 >= 0 && optim.beta2 < 1 && optim.grad_clip >= 0,
@@ -323,14 +390,19 @@ Trainer::Trainer(comm::ProcessGroupPtr world, std::shared_ptr<const Model> model
 
   // Collective from here on.
   m.mesh = std::make_unique<comm::DeviceMesh>(
-      world, std::vector<std::pair<std::string, int>>{{"pp", layout_.pp}, {"dp", layout_.dp}, {"tp", layout_.tp}});
+      world, std::vector<std::pair<std::string, int>>{
+                 {"pp", layout_.pp}, {"dp", layout_.dp}, {"ep", layout_.ep}, {"tp", layout_.tp}});
   m.groups = parallel::ParallelGroups::from_mesh(*m.mesh);
-  if (m.groups.tp_size() == 1) m.groups.tp = nullptr;
-  if (m.groups.dp_size() == 1) m.groups.dp = nullptr;
-  if (layout_.tp * layout_.dp == 1) m.groups.dp_tp = nullptr;
+  auto drop_trivial = [](comm::ProcessGroupPtr& g) {
+    if (g && g->size() == 1) g = nullptr;
+  };
+  for (auto* g : {&m.groups.tp, &m.groups.dp, &m.groups.dp_tp, &m.groups.ep, &m.groups.tokens, &m.groups.expert_dp,
+                  &m.groups.expert_dp_tp}) {
+    drop_trivial(*g);
+  }
   m.rank = m.mesh->coord("pp");
   m.pp_group = m.mesh->group("pp");
-  m.mp_group = m.mesh->group(std::vector<std::string>{"pp", "tp"});
+  m.mp_group = m.mesh->group(std::vector<std::string>{"pp", "ep", "tp"});
   m.eval_group = m.pp_group->split(0, m.rank, "pp.eval");
 
   // ZeRO-3 builds the stages without drawing their parameters; the units
@@ -357,7 +429,7 @@ Trainer::Trainer(comm::ProcessGroupPtr world, std::shared_ptr<const Model> model
     }
   }
   {
-    const int dp_tp_index = m.mesh->coord("dp") * layout_.tp + m.mesh->coord("tp");
+    const int dp_tp_index = m.groups.dp_rank() * layout_.tp + m.mesh->coord("tp");
     m.emb_group = world->split(m.tied_params.empty() ? -1 : dp_tp_index, m.rank, "tied");
     if (m.emb_group && m.emb_group->size() < 2) m.emb_group = nullptr;  // both copies on this rank
   }
@@ -368,62 +440,79 @@ Trainer::Trainer(comm::ProcessGroupPtr world, std::shared_ptr<const Model> model
   const bool main_grads = m.half && !options.grads_in_param_dtype;
   if (dtype == at::kHalf) m.scaler.emplace(options.loss_scaler);
   const int zero_stage = options.zero_stage;
+  // Per chunk, the dense parameters and the experts' (Note [MoE groups]):
+  // each kind gets its own gradient sync over its own groups.
+  const parallel::ParallelGroups expert_groups = m.groups.for_experts();
   for (int c = 0; c < m.V; ++c) {
-    // ZeRO takes every parameter but the copies of a parameter tied across
-    // stages (their gradients are added with the other stage's, so they stay
-    // whole, in a DDP).
-    std::vector<StageParameter> ddp_params;
-    std::shared_ptr<dp::Zero> zero;
-    if (zero_stage >= 1) {
-      const bool hooks = zero_stage == 3 && m.chunks[c]->set_block_hooks(nullptr);
-      std::vector<dp::ZeroParameter> zp;
-      for (const auto& p : m.chunks[c]->parameters()) {
-        if (!p.tie_key.empty()) {
-          ddp_params.push_back(p);
-          continue;
+    std::vector<StageParameter> all = m.chunks[c]->parameters();
+    std::shared_ptr<parallel::BlockHooks> chunk_hooks;
+    const bool hooks = zero_stage == 3 && m.chunks[c]->set_block_hooks(nullptr);
+    if (zero_stage == 3 && !hooks) {
+      TORUS_LOG_WARN("trainer: the model does not support block hooks; ZeRO-3 keeps its parameters gathered");
+    }
+    for (const bool experts : {false, true}) {
+      const parallel::ParallelGroups& g = experts ? expert_groups : m.groups;
+      std::vector<StageParameter> params;
+      for (const auto& p : all) {
+        if (p.expert == experts) params.push_back(p);
+      }
+      if (params.empty()) continue;
+      Impl::Sync sync;
+      sync.chunk = c;
+      // ZeRO takes every parameter but the copies of a parameter tied across
+      // stages (their gradients are added with the other stage's, so they
+      // stay whole, in a DDP).
+      std::vector<StageParameter> ddp_params;
+      if (zero_stage >= 1) {
+        std::vector<dp::ZeroParameter> zp;
+        for (const auto& p : params) {
+          if (!p.tie_key.empty()) {
+            ddp_params.push_back(p);
+            continue;
+          }
+          zp.push_back({p.name, p.tensor, p.spec, hooks ? p.block : -1, p.weight_decay});
         }
-        zp.push_back({p.name, p.tensor, p.spec, hooks ? p.block : -1, p.weight_decay});
+        dp::ZeroOptions zo;
+        zo.stage = zero_stage;
+        if (main_grads) zo.grad_dtype = at::kFloat;
+        zo.offload = options.offload;
+        zo.prefetch = options.zero_prefetch;
+        zo.materialize = [&deferred](const at::Tensor& p, at::Tensor& out) {
+          if (!deferred.deferred(p)) return false;
+          deferred.materialize(p, out);
+          return true;
+        };
+        for (auto& p : ddp_params) {
+          if (deferred.deferred(p.tensor)) deferred.materialize(p.tensor);  // kept whole: drawn whole
+        }
+        if (!zp.empty()) {
+          sync.zero = std::make_shared<dp::Zero>(std::move(zp), g, zo);
+          chunk_hooks = chunk_hooks ? std::make_shared<ChainedBlockHooks>(chunk_hooks, sync.zero)
+                                    : std::shared_ptr<parallel::BlockHooks>(sync.zero);
+          for (const auto& s : sync.zero->segments()) m.segment_grads[s.value.unsafeGetTensorImpl()] = s.grad;
+        }
+      } else {
+        ddp_params = params;
       }
-      if (zero_stage == 3 && !hooks) {
-        TORUS_LOG_WARN("trainer: the model does not support block hooks; ZeRO-3 keeps its parameters gathered");
+      bool partial = false;
+      for (const auto& p : ddp_params) partial |= p.spec.tp_partial_grad;
+      if (!ddp_params.empty() && (g.dp_size() > 1 || (g.tp_size() > 1 && partial) || main_grads)) {
+        dp::DDPOptions o;
+        o.bucket_cap_bytes = options.bucket_cap_bytes;
+        o.overlap = options.overlap_grad_sync;
+        o.finish_in_backward = false;
+        o.broadcast_parameters = false;  // layout-independent init: dp replicas start equal
+        // Shared host buckets serve the ofi backend's zero-copy path only.
+        o.shared_host_buckets = m.world->host_backend()->name() == "ofi";
+        if (main_grads) o.grad_dtype = at::kFloat;
+        std::vector<dp::NamedParameter> named;
+        for (const auto& p : ddp_params) named.push_back({p.name, p.tensor, p.spec});
+        sync.ddp = std::make_unique<dp::DistributedDataParallel>(std::move(named), g, o);
+        for (const auto& p : ddp_params) m.sync_of[p.tensor.unsafeGetTensorImpl()] = sync.ddp.get();
       }
-      dp::ZeroOptions zo;
-      zo.stage = zero_stage;
-      if (main_grads) zo.grad_dtype = at::kFloat;
-      zo.offload = options.offload;
-      zo.prefetch = options.zero_prefetch;
-      zo.materialize = [&deferred](const at::Tensor& p, at::Tensor& out) {
-        if (!deferred.deferred(p)) return false;
-        deferred.materialize(p, out);
-        return true;
-      };
-      for (auto& p : ddp_params) {
-        if (deferred.deferred(p.tensor)) deferred.materialize(p.tensor);  // kept whole: drawn whole
-      }
-      zero = std::make_shared<dp::Zero>(std::move(zp), m.groups, zo);
-      if (hooks) m.chunks[c]->set_block_hooks(zero);
-      for (const auto& s : zero->segments()) m.segment_grads[s.value.unsafeGetTensorImpl()] = s.grad;
-    } else {
-      ddp_params = m.chunks[c]->parameters();
+      if (sync.ddp || sync.zero) m.syncs.push_back(std::move(sync));
     }
-    m.zeros.push_back(zero);
-    std::unique_ptr<dp::GradSync> sync;
-    if (!ddp_params.empty() &&
-        (m.groups.dp_size() > 1 || (m.groups.tp_size() > 1 && layout_.sequence_parallel) || main_grads)) {
-      dp::DDPOptions o;
-      o.bucket_cap_bytes = options.bucket_cap_bytes;
-      o.overlap = options.overlap_grad_sync;
-      o.finish_in_backward = false;
-      o.broadcast_parameters = false;  // layout-independent init: dp replicas start equal
-      // Shared host buckets serve the ofi backend's zero-copy path only.
-      o.shared_host_buckets = m.world->host_backend()->name() == "ofi";
-      if (main_grads) o.grad_dtype = at::kFloat;
-      std::vector<dp::NamedParameter> named;
-      for (const auto& p : ddp_params) named.push_back({p.name, p.tensor, p.spec});
-      sync = std::make_unique<dp::DistributedDataParallel>(std::move(named), m.groups, o);
-      for (const auto& p : ddp_params) m.sync_of[p.tensor.unsafeGetTensorImpl()] = sync.get();
-    }
-    m.syncs.push_back(std::move(sync));
+    if (hooks && chunk_hooks) m.chunks[c]->set_block_hooks(chunk_hooks);
   }
 
   // Optimizer groups: the model says which parameters decay. Clipping counts
@@ -435,11 +524,14 @@ Trainer::Trainer(comm::ProcessGroupPtr world, std::shared_ptr<const Model> model
   optim::ParamGroup decay, no_decay;
   decay.weight_decay = optim.weight_decay;
   no_decay.weight_decay = 0.0;
+  // Expert parameters differ over ep (each rank its experts): they count on
+  // every ep rank, dense ones on ep rank 0 (the norm is reduced over
+  // pp x ep x tp, or the world under ZeRO).
   m.norm_group = zero_stage >= 1 ? m.world : m.mp_group;
   for (int c = 0; c < m.V; ++c) {
-    const auto& zero = m.zeros[c];
-    if (zero) {
-      for (const auto& s : zero->segments()) {
+    for (const auto& sync : m.syncs) {
+      if (sync.chunk != c || !sync.zero) continue;
+      for (const auto& s : sync.zero->segments()) {
         optim::ParamGroup& g = s.weight_decay ? decay : no_decay;
         g.params.push_back(s.value);
         g.names.push_back(s.name);
@@ -448,11 +540,12 @@ Trainer::Trainer(comm::ProcessGroupPtr world, std::shared_ptr<const Model> model
       }
     }
     for (const auto& p : m.chunks[c]->parameters()) {
-      if (zero && zero->holds(p.tensor)) continue;
+      if (m.held_by_zero(p.tensor)) continue;
       optim::ParamGroup& g = p.weight_decay ? decay : no_decay;
       g.params.push_back(p.tensor);
       g.names.push_back(p.name);
       const bool counted = !p.tie_copy && (p.spec.sharded() || m.groups.tp_rank() == 0) &&
+                           (p.expert || m.groups.ep_rank() == 0) &&
                            (zero_stage == 0 || m.groups.dp_rank() == 0);
       m.norm_entries.push_back({p.tensor, counted});
       m.all_params.push_back(p.tensor);
@@ -505,11 +598,13 @@ StepStats Trainer::train_step(const at::Tensor& batch, double lr) {
   for (auto& c : m.chunks) c->module()->train();
 
   // 1-2. The pipeline, with DP sync off until each chunk's last backward.
-  for (auto& sync : m.syncs) {
-    if (sync) sync->set_sync_enabled(false);
+  for (auto& s : m.syncs) {
+    if (s.ddp) s.ddp->set_sync_enabled(false);
+    if (s.zero) s.zero->set_sync_enabled(false);
   }
-  for (auto& zero : m.zeros) {
-    if (zero) zero->set_sync_enabled(false);
+  {
+    const double loss_grad = (m.scaler ? m.scaler->scale() : 1.0) / static_cast<double>(m.layout.num_micro);
+    for (auto& c : m.chunks) c->set_loss_grad_scale(loss_grad);
   }
   std::fill(m.weight_passes.begin(), m.weight_passes.end(), 0);
   std::fill(m.input_passes.begin(), m.input_passes.end(), 0);
@@ -520,19 +615,19 @@ StepStats Trainer::train_step(const at::Tensor& batch, double lr) {
   const auto t_pipe = Clock::now();
 
   // 3. Finish the DP reductions (started from the last backward's hooks).
-  for (auto& zero : m.zeros) {
-    if (!zero) continue;
-    zero->set_sync_enabled(true);
-    zero->start();
+  for (auto& s : m.syncs) {
+    if (!s.zero) continue;
+    s.zero->set_sync_enabled(true);
+    s.zero->start();
   }
-  for (auto& sync : m.syncs) {
-    if (!sync) continue;
-    sync->set_sync_enabled(true);
-    sync->start();
-    sync->finish();
+  for (auto& s : m.syncs) {
+    if (!s.ddp) continue;
+    s.ddp->set_sync_enabled(true);
+    s.ddp->start();
+    s.ddp->finish();
   }
-  for (auto& zero : m.zeros) {
-    if (zero) zero->finish();
+  for (auto& s : m.syncs) {
+    if (s.zero) s.zero->finish();
   }
   // 4. Tied parameters: the owner and its copy add their gradients.
   if (m.emb_group) {
@@ -592,8 +687,8 @@ StepStats Trainer::train_step(const at::Tensor& batch, double lr) {
   if (m.before_update) m.before_update();
   if (!st.overflow && clip.finite) {
     m.optimizer->step(step_lr);
-    for (auto& zero : m.zeros) {
-      if (zero) zero->publish_parameters();
+    for (auto& s : m.syncs) {
+      if (s.zero) s.zero->publish_parameters();
     }
   } else {
     st.skipped = true;
@@ -607,6 +702,7 @@ StepStats Trainer::train_step(const at::Tensor& batch, double lr) {
     }
   }
   m.zero_grads();
+  st.routing = m.routing_stats(!st.skipped);
   const auto t_sync = Clock::now();
 
   double local = 0;
@@ -650,14 +746,14 @@ double Trainer::evaluate(const at::Tensor& batch) {
 
 std::map<std::string, at::Tensor> Trainer::gather_local_parameters() const {
   std::map<std::string, at::Tensor> out;
-  for (const auto& z : impl_->zeros) {
-    if (z) z->gather_all();  // stage 3: every block materialised for the read
+  for (const auto& s : impl_->syncs) {
+    if (s.zero) s.zero->gather_all();  // stage 3: every block materialised for the read
   }
   for (const auto& c : impl_->chunks) {
     for (auto& [name, t] : c->gather_full_parameters(impl_->groups.tp)) out[name] = t.clone();
   }
-  for (const auto& z : impl_->zeros) {
-    if (z) z->release_all();
+  for (const auto& s : impl_->syncs) {
+    if (s.zero) s.zero->release_all();
   }
   return out;
 }
@@ -669,22 +765,27 @@ StateDict Trainer::state_dict() const {
   std::map<std::string, tp::ShardSpec> specs;
   std::map<std::string, const dp::ZeroSegment*> segments;  // ZeRO: this rank's segment of a parameter
   std::map<std::string, std::string> tied;                 // a tie copy's name -> the owner's
+  std::set<std::string> experts;                           // expert parameters' names
   for (int c = 0; c < m.V; ++c) {
-    const auto& zero = m.zeros[c];
     for (const auto& p : m.chunks[c]->parameters()) {
+      const dp::Zero* zero = m.zero_of(p.tensor);
       specs[p.name] = p.spec;
       if (!p.tied_to.empty()) tied[p.name] = p.tied_to;
       const dp::ZeroSegment* seg = zero ? zero->segment_of(p.tensor) : nullptr;
       if (seg) segments[p.name] = seg;
+      if (p.expert) experts.insert(p.name);
       if (zero && zero->param_sharded(p.tensor)) {
-        if (seg) out["model." + p.name] = {seg->value, p.spec, false, seg->offset, seg->shard_shape, tied_key(p)};
+        if (seg) {
+          out["model." + p.name] = {seg->value, p.spec, false, seg->offset, seg->shard_shape, tied_key(p), p.expert};
+        }
         continue;
       }
-      out["model." + p.name] = {p.tensor, p.spec, false, -1, {}, tied_key(p)};
+      out["model." + p.name] = {p.tensor, p.spec, false, -1, {}, tied_key(p), p.expert};
     }
     for (const auto& [stream, t] : m.chunks[c]->rng_state()) {
       out[fmt::format("rng.stage{}.{}", m.stage_of(c), stream)] = {t, {}, stream == "sharded"};
     }
+    for (const auto& [name, t] : m.chunks[c]->extra_state()) out["model." + name] = {t, {}, false};
   }
   for (const auto& [key, t] : m.optimizer->state_dict()) {
     // "<param name>.<state>": the state of a parameter is laid out like it
@@ -694,6 +795,7 @@ StateDict Trainer::state_dict() const {
     if (dot != std::string::npos) {
       auto it = specs.find(key.substr(0, dot));
       if (it != specs.end() && t.dim() > 0) st.spec = it->second;
+      st.expert = experts.count(key.substr(0, dot)) > 0;
       auto tie = tied.find(key.substr(0, dot));
       if (tie != tied.end()) st.tied_to = "optim." + tie->second + key.substr(dot);
       auto seg = segments.find(key.substr(0, dot));
@@ -741,8 +843,8 @@ void Trainer::load_state_dict(const StateDict& state) {
     at::Tensor dst = t.tensor;  // the live parameter, or its ZeRO segment
     dst.copy_(state.at(key).tensor);
   }
-  for (const auto& z : m.zeros) {
-    if (z) z->after_load();
+  for (const auto& s : m.syncs) {
+    if (s.zero) s.zero->after_load();
   }
   for (int c = 0; c < m.V; ++c) {
     std::map<std::string, at::Tensor> rng;
@@ -778,8 +880,8 @@ const pp::Schedule& Trainer::schedule() const { return impl_->schedule; }
 const pp::StepResult& Trainer::last_pipeline_result() const { return impl_->last_result; }
 std::vector<const dp::Zero*> Trainer::zero_syncs() const {
   std::vector<const dp::Zero*> out;
-  for (const auto& z : impl_->zeros) {
-    if (z) out.push_back(z.get());
+  for (const auto& s : impl_->syncs) {
+    if (s.zero) out.push_back(s.zero.get());
   }
   return out;
 }
