@@ -236,8 +236,10 @@ std::string_view Context::host_backend_name() const { return host_backend_ ? hos
 
 Context::~Context() {
   // Backends go first (they may use the store while shutting down). Rank 0's
-  // store server must outlive the other ranks' last requests: everyone checks
-  // in, and rank 0 waits (bounded) for all check-ins before closing it.
+  // store server must outlive the other ranks' last requests, failed job or
+  // not (a rank that saw a failure may finish before a healthy peer's last
+  // split): everyone checks in, and rank 0 waits until every rank has checked
+  // in or every other client has gone (a dead rank's socket closes), bounded.
   device_backend_.reset();
   host_backend_.reset();
   if (!store_) {
@@ -247,9 +249,11 @@ Context::~Context() {
   try {
     store_->add("torus/shutdown", 1);
     const bool failed = failed_.load() || failed_ops_in_process() > failed_ops_at_start_;
-    if (server_ && !failed) {
-      auto deadline = std::chrono::steady_clock::now() + 30s;
-      while (store_->add("torus/shutdown", 0) < launch_.world_size && std::chrono::steady_clock::now() < deadline) {
+    if (server_) {
+      // After a failure a peer may be stuck for good: wait less for it.
+      auto deadline = std::chrono::steady_clock::now() + (failed ? 10s : 30s);
+      while (store_->add("torus/shutdown", 0) < launch_.world_size && server_->stats().clients_connected > 1 &&
+             std::chrono::steady_clock::now() < deadline) {
         std::this_thread::sleep_for(5ms);
       }
     }

@@ -71,6 +71,7 @@ struct Conn {
   std::string peer;  // address:port, for log lines
   std::string addr;  // the source address alone: what the per-address bound counts
   State state = State::kHandshake;
+  bool authenticated = false;  // counted in Impl::clients_open until closed
   Clock::time_point handshake_deadline;
   proto::Nonce server_nonce{};
   std::vector<uint8_t> in;
@@ -119,6 +120,7 @@ struct TcpStoreServer::Impl {
 
   std::atomic<uint64_t> accepted{0}, refused{0}, auth_failures{0}, protocol_errors{0}, served{0},
       handshake_timeouts{0}, evicted{0};
+  std::atomic<uint64_t> clients_open{0};  // authenticated connections not yet closed
 
   // Everything below belongs to the server thread.
   std::unordered_map<std::string, std::vector<uint8_t>> data;
@@ -251,6 +253,7 @@ TcpStoreServer::Stats TcpStoreServer::stats() const {
   st.connections_refused = impl_->refused.load();
   st.handshake_timeouts = impl_->handshake_timeouts.load();
   st.unauthenticated_evicted = impl_->evicted.load();
+  st.clients_connected = impl_->clients_open.load();
   return st;
 }
 
@@ -518,6 +521,8 @@ void TcpStoreServer::Impl::on_handshake(Conn& c, std::span<const uint8_t> payloa
     return;
   }
   c.state = Conn::State::kReady;
+  c.authenticated = true;
+  ++clients_open;
   untrack_unauth(c);
   TORUS_LOG_DEBUG("store server {}: {} authenticated", endpoint, c.peer);
   queue(c, proto::encode_server_auth(
@@ -719,6 +724,7 @@ void TcpStoreServer::Impl::protocol_error(Conn& c, std::string_view why) {
 void TcpStoreServer::Impl::close_conn(Conn& c) {
   if (c.state == Conn::State::kDead) return;
   --live;
+  if (c.authenticated) --clients_open;
   untrack_unauth(c);
   unregister_wait(c);
   c.fd.reset();

@@ -18,3 +18,13 @@ if(TORUS_WITH_OFI)
                        ENV TORUS_BACKEND=ofi)
   endforeach()
 endif()
+
+# Rank 0's store server stays up for a late peer after a failure (its own
+# binary: the Context is destroyed inside the test), on every host backend.
+add_executable(torus_store_shutdown_tests ${CMAKE_CURRENT_LIST_DIR}/store_shutdown_test.cpp)
+target_link_libraries(torus_store_shutdown_tests PRIVATE torus_test_main torus_base)
+torus_add_mpi_test(NAME store_shutdown_np3 TARGET torus_store_shutdown_tests NP 3 LABELS "comm;store" TIMEOUT 60)
+if(TORUS_WITH_OFI)
+  torus_add_mpi_test(NAME store_shutdown_ofi_np2 TARGET torus_store_shutdown_tests NP 2 LABELS "comm;store;ofi"
+                     TIMEOUT 60 ENV TORUS_BACKEND=ofi)
+endif()

@@ -117,6 +117,9 @@ class TcpStoreServer {
     uint64_t connections_refused = 0;  // over max_connections, all of them authenticated
     uint64_t handshake_timeouts = 0;   // closed for not finishing the handshake in time
     uint64_t unauthenticated_evicted = 0;  // closed to admit a newer connection (Admission)
+    // Authenticated connections open now (a client that exits, or dies, is
+    // counted out when its socket closes).
+    uint64_t clients_connected = 0;
   };
   Stats stats() const;
 
