@@ -10,6 +10,7 @@
 #include <string>
 
 #include "core/log.h"
+#include "models/decoder_blocks.h"
 #include "torus/parallel/tensor/cross_entropy.h"
 #include "torus/parallel/tensor/mappings.h"
 #include "torus/parallel/tensor/weight_grad.h"
@@ -293,12 +294,17 @@ at::Tensor GPTHead::forward(const at::Tensor& hidden) {
 }
 
 at::Tensor GPTHead::loss(const at::Tensor& logits, const at::Tensor& labels) const {
+  return mean_token_loss(logits, labels, tp_, config_.vocab_size);
+}
+
+at::Tensor mean_token_loss(const at::Tensor& logits, const at::Tensor& labels, const comm::ProcessGroupPtr& tp,
+                           int64_t vocab_size) {
   TORUS_CHECK(labels.defined() && labels.dim() == 2 && labels.scalar_type() == at::kLong, InvalidArgument,
-              "GPT: labels must be an int64 tensor [batch, seq]");
+              "decoder: labels must be an int64 tensor [batch, seq]");
   at::Tensor targets = labels.t();  // sequence-first, like the logits
   // fp32 per-token losses whatever the logits' dtype (Note [Cross entropy in
   // fp32]); their sum and the token count (exact below 2^24) are fp32 too.
-  at::Tensor per_token = tp::vocab_parallel_cross_entropy(logits, targets, tp_, {.vocab_size = config_.vocab_size});
+  at::Tensor per_token = tp::vocab_parallel_cross_entropy(logits, targets, tp, {.vocab_size = vocab_size});
   at::Tensor count = targets.ne(-100).sum().clamp_min(1).to(per_token.scalar_type());
   return per_token.sum() / count;
 }
@@ -335,22 +341,7 @@ GPT::GPT(const GPTConfig& config, const parallel::ParallelGroups& groups, const 
 
 at::Tensor GPT::forward(const at::Tensor& input) {
   at::Tensor x = embedding_ ? embedding_->forward(input) : input;
-  for (size_t i = 0; i < blocks_.size(); ++i) {
-    const std::shared_ptr<GPTBlock>& block = blocks_[i];
-    const int64_t layer = part_.first_layer + static_cast<int64_t>(i);
-    parallel::BlockFn run;
-    if (config_.recompute.recompute_block(layer)) {
-      // Keep only the block's input; its forward runs again in backward with
-      // the same dropout masks (Note [Recompute replay]).
-      run = [block, rng = rng_](const at::Tensor& h) {
-        return recompute::run([block](const at::Tensor& in) { return block->forward(in); }, h,
-                              {.rng_trackers = {rng}});
-      };
-    } else {
-      run = [block](const at::Tensor& h) { return block->forward(h); };
-    }
-    x = block_hooks_ ? block_hooks_->run_block(layer, x, run) : run(x);
-  }
+  x = run_blocks(blocks_, part_.first_layer, config_.recompute, rng_, block_hooks_, x);
   return head_ ? head_->forward(x) : x;
 }
 
@@ -363,6 +354,11 @@ at::Tensor GPT::loss(const at::Tensor& input, const at::Tensor& labels) {
                 fmt::join(labels.sizes(), ", "));
   }
   return head_->loss(forward(input), labels);
+}
+
+at::Tensor GPT::loss_of(const at::Tensor& logits, const at::Tensor& labels) const {
+  TORUS_CHECK(head_ != nullptr, InvalidArgument, "GPT: loss on a pipeline part without the head");
+  return head_->loss(logits, labels);
 }
 
 // --- pipeline cuts -----------------------------------------------------------------
@@ -388,35 +384,42 @@ std::vector<double> gpt_item_costs(const GPTConfig& config, int64_t seq_len) {
 
 std::vector<GPTPart> gpt_stage_parts(const GPTConfig& config, int num_stages, int64_t seq_len,
                                      const std::vector<int64_t>& layers_per_stage) {
-  TORUS_CHECK(num_stages >= 1, InvalidArgument, "gpt_stage_parts: num_stages must be >= 1, got {}", num_stages);
-  const int64_t L = config.num_layers;
-  std::vector<GPTPart> parts(num_stages);
+  return decoder_stage_parts(gpt_item_costs(config, seq_len), num_stages, layers_per_stage, "GPT");
+}
+
+std::vector<DecoderPart> decoder_stage_parts(const std::vector<double>& item_costs, int num_stages,
+                                             const std::vector<int64_t>& layers_per_stage, const char* what) {
+  TORUS_CHECK(num_stages >= 1, InvalidArgument, "{} pipeline: num_stages must be >= 1, got {}", what, num_stages);
+  TORUS_CHECK(item_costs.size() >= 2, InvalidArgument, "{} pipeline: {} item costs (embedding, blocks, head)", what,
+              item_costs.size());
+  const int64_t L = static_cast<int64_t>(item_costs.size()) - 2;
+  std::vector<DecoderPart> parts(num_stages);
   if (!layers_per_stage.empty()) {
     TORUS_CHECK(static_cast<int>(layers_per_stage.size()) == num_stages, InvalidArgument,
-                "GPT pipeline: {} layer counts given for {} stages", layers_per_stage.size(), num_stages);
+                "{} pipeline: {} layer counts given for {} stages", what, layers_per_stage.size(), num_stages);
     int64_t first = 0;
     for (int s = 0; s < num_stages; ++s) {
       const int64_t n = layers_per_stage[s];
-      TORUS_CHECK(n >= 0, InvalidArgument, "GPT pipeline: stage {} has {} layers", s, n);
+      TORUS_CHECK(n >= 0, InvalidArgument, "{} pipeline: stage {} has {} layers", what, s, n);
       TORUS_CHECK(n > 0 || s == 0 || s == num_stages - 1, InvalidArgument,
-                  "GPT pipeline: stage {} of {} would be empty (0 layers; only the first and last stages hold "
+                  "{} pipeline: stage {} of {} would be empty (0 layers; only the first and last stages hold "
                   "the embedding or the head)",
-                  s, num_stages);
-      parts[s] = GPTPart{s == 0, first, n, s == num_stages - 1, s};
+                  what, s, num_stages);
+      parts[s] = DecoderPart{s == 0, first, n, s == num_stages - 1, s};
       first += n;
     }
-    TORUS_CHECK(first == L, InvalidArgument, "GPT pipeline: the layer counts per stage sum to {}, the model has {}",
-                first, L);
+    TORUS_CHECK(first == L, InvalidArgument, "{} pipeline: the layer counts per stage sum to {}, the model has {}",
+                what, first, L);
     return parts;
   }
   TORUS_CHECK(L + 2 >= num_stages, InvalidArgument,
-              "GPT pipeline: {} layers plus embedding and head cannot fill {} stages", L, num_stages);
-  if (num_stages == 1) return {GPTPart{true, 0, L, true}};
-  const pp::Partition cut = pp::partition_balanced(gpt_item_costs(config, seq_len), num_stages);
+              "{} pipeline: {} layers plus embedding and head cannot fill {} stages", what, L, num_stages);
+  if (num_stages == 1) return {DecoderPart{true, 0, L, true}};
+  const pp::Partition cut = pp::partition_balanced(item_costs, num_stages);
   for (int s = 0; s < num_stages; ++s) {
     // Items [b, e): item 0 is the embedding, item L+1 the head, item i the block i-1.
     const int64_t b = cut.begin(s), e = cut.end(s);
-    GPTPart part;
+    DecoderPart part;
     part.embedding = b == 0;
     part.head = e == L + 2;
     part.first_layer = std::max<int64_t>(b, 1) - 1;

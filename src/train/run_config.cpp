@@ -1,6 +1,8 @@
 // The option table of a training run (run_config.h), on CLI11.
 #include "torus/train/run_config.h"
 
+#include "torus/train/model_presets.h"
+
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -31,11 +33,14 @@ struct Entry {
 // values() listing and the JSON record all come from here.
 std::vector<Entry> table(RunConfig& c) {
   return {
-      {"model", &c.model, "model adapter: gpt"},
-      {"layers", &c.layers, "transformer blocks"},
-      {"hidden", &c.hidden, "model width"},
-      {"heads", &c.heads, "attention heads (divisible by --tp)"},
-      {"ffn", &c.ffn, "MLP width (0: 4 x hidden)"},
+      {"model", &c.model, "model preset: " + model_preset_names() + " (docs/models.md)"},
+      {"layers", &c.layers, "transformer blocks (0: the preset's)"},
+      {"hidden", &c.hidden, "model width (0: the preset's)"},
+      {"heads", &c.heads, "attention heads, divisible by --tp (0: the preset's)"},
+      {"kv-heads", &c.kv_heads, "Llama: key/value heads, dividing --heads (0: the preset's)"},
+      {"ffn", &c.ffn, "MLP width (0: the preset's; GPT 4 x hidden, Llama 8/3 x hidden rounded to 256)"},
+      {"vocab", &c.vocab, "vocabulary size (0: the preset's, or the token file's)"},
+      {"rope-theta", &c.rope_theta, "Llama: rotary embedding base (0: the preset's)"},
       {"seq", &c.seq, "sequence length in tokens (divisible by --tp with --sp)"},
       {"dropout", &c.dropout, "embedding, residual and attention dropout"},
       {"tie-embeddings", &c.tie_embeddings, "share the input embedding with the output layer"},
@@ -326,8 +331,11 @@ void RunConfig::validate() const {
   one_of(optimizer, {"sgd", "adam", "adamw"}, "optimizer");
   one_of(progress, {"auto", "on", "off"}, "progress");
   check(!(autocast && precision != "f32"), "--autocast runs over f32 parameters: use it with --precision f32");
-  check(layers >= 1 && hidden >= 1 && heads >= 1 && seq >= 1 && ffn >= 0,
-        "--layers, --hidden, --heads and --seq must be >= 1 and --ffn >= 0");
+  check(find_model_preset(model) != nullptr,
+        fmt::format("--model: unknown model '{}' (known: {})", model, model_preset_names()));
+  check(layers >= 0 && hidden >= 0 && heads >= 0 && kv_heads >= 0 && ffn >= 0 && vocab >= 0 && rope_theta >= 0,
+        "--layers, --hidden, --heads, --kv-heads, --ffn, --vocab and --rope-theta must be >= 0 (0: the preset's)");
+  check(seq >= 1, "--seq must be >= 1");
   check(dropout >= 0 && dropout < 1, fmt::format("--dropout must be in [0, 1), got {}", dropout));
   check(tp >= 1 && pp >= 1 && ep >= 1 && dp >= 0 && micro_batches >= 1 && chunks >= 1,
         "--tp, --pp, --ep, --micro-batches and --chunks must be >= 1 and --dp >= 0");

@@ -3,6 +3,7 @@
 # Lines through nlohmann-json, step line, progress), TensorBoard event files.
 target_sources(torus_base PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/run_config.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/model_presets.cpp
   ${CMAKE_CURRENT_LIST_DIR}/lr_schedule.cpp
   ${CMAKE_CURRENT_LIST_DIR}/corpus.cpp
   ${CMAKE_CURRENT_LIST_DIR}/metrics.cpp

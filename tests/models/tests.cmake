@@ -21,3 +21,10 @@ endforeach()
 add_executable(torus_gpt_half_tests ${CMAKE_CURRENT_LIST_DIR}/gpt_half_test.cpp)
 target_link_libraries(torus_gpt_half_tests PRIVATE torus_test_main torus)
 torus_add_test(NAME gpt_half TARGET torus_gpt_half_tests LABELS "models;amp" TIMEOUT 180)
+
+# The Llama-family decoder in one process: against a plain reference
+# forward, rotary tables against closed forms, pipeline parts, TP shards,
+# the presets' published sizes.
+add_executable(torus_llama_tests ${CMAKE_CURRENT_LIST_DIR}/llama_test.cpp)
+target_link_libraries(torus_llama_tests PRIVATE torus_test_main torus)
+torus_add_test(NAME llama_unit TARGET torus_llama_tests LABELS "models" TIMEOUT 180)

@@ -6,7 +6,8 @@
 //
 // TORUS_TEST_LAYOUT names the layout, e.g. "pp2,1f1b", "pp4,interleaved,v2",
 // "tp2,pp2,dp2,zb-h1,sp", optionally "untied" (untied output layer) and
-// "m8" (micro-batches). The reference is computed on every rank by a plain
+// "m8" (micro-batches); "llama" trains the Llama-family decoder instead,
+// "rc" recomputes every block and "z1".."z3" shard with ZeRO. The reference is computed on every rank by a plain
 // loop written here: the whole model in one process, the whole batch,
 // torch's AdamW, the clipping rule written out — no Torus parallel code.
 #include <ATen/Functions.h>
@@ -23,6 +24,7 @@
 #include "torus/parallel/pipeline/partition.h"
 #include "torus/parallel/tensor/weight_grad.h"
 #include "torus/train/gpt_model.h"
+#include "torus/train/llama_model.h"
 
 namespace torus::train {
 namespace {
@@ -43,6 +45,9 @@ constexpr double kEps = 1e-6;
 struct Case {
   ParallelLayout layout;
   bool tied = true;
+  bool llama = false;      // "llama": the Llama-family decoder instead of the GPT
+  bool recompute = false;  // "rc": full recompute of every block
+  int zero = 0;            // "z1".."z3": ZeRO stage
   std::string name;
 };
 
@@ -57,6 +62,12 @@ Case case_from_env() {
     auto num = [&](size_t skip) { return std::stoi(part.substr(skip)); };
     if (part == "sp") {
       c.layout.sequence_parallel = true;
+    } else if (part == "llama") {
+      c.llama = true;
+    } else if (part == "rc") {
+      c.recompute = true;
+    } else if (part.size() == 2 && part[0] == 'z' && std::isdigit(static_cast<unsigned char>(part[1]))) {
+      c.zero = num(1);
     } else if (part == "untied") {
       c.tied = false;
     } else if (part.rfind("tp", 0) == 0) {
@@ -84,8 +95,19 @@ models::GPTConfig model_config(at::ScalarType dtype, bool tied) {
   return config;
 }
 
+// The same shape as the GPT's: 6 blocks, width 32, 4 query heads over 2
+// kv heads (split over tp2, replicated over tp4: Note [GQA under TP]).
+models::LlamaConfig llama_config(at::ScalarType dtype, bool tied) {
+  models::LlamaConfig config = models::LlamaConfig::tiny();
+  config.num_layers = 6;
+  config.dtype = dtype;
+  config.tie_embeddings = tied;
+  return config;
+}
+
 // A learnable stream: random first tokens, then t' = (3 t + 7) mod vocab.
-at::Tensor batch(const models::GPTConfig& config, int step) {
+template <class Config>
+at::Tensor batch(const Config& config, int step) {
   at::Tensor data = testing::same_tokens({kBatch, config.max_seq_len + 1}, config.vocab_size, 300 + step);
   for (int64_t i = 1; i < data.size(1); ++i)
     data.select(1, i).copy_((data.select(1, i - 1) * 3 + 7) % config.vocab_size);
@@ -101,8 +123,9 @@ struct Trained {
 // Single process, whole batch, written out: forward, backward, the global
 // L2 norm over every parameter, clip by max_norm / (norm + 1e-6), AdamW with
 // decay on matrices only.
-Trained reference(const models::GPTConfig& config) {
-  models::GPT model(config);
+template <class Net, class Config>
+Trained reference(const Config& config) {
+  Net model(config);
   std::vector<at::Tensor> decay, no_decay;
   for (auto& p : model.parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
   std::vector<torch::optim::OptimizerParamGroup> groups;
@@ -120,26 +143,29 @@ Trained reference(const models::GPTConfig& config) {
     at::Tensor loss = model.loss(data.narrow(1, 0, s).contiguous(), data.narrow(1, 1, s).contiguous());
     loss.backward();
     double sq = 0;
-    for (auto& p : model.parameters()) sq += p.grad().to(at::kDouble).pow(2).sum().item<double>();
+    for (auto& p : model.parameters()) sq += p.grad().to(at::kDouble).pow(2).sum().template item<double>();
     const double norm = std::sqrt(sq);
     if (norm > kClip) {
       for (auto& p : model.parameters()) p.mutable_grad().mul_(kClip / (norm + 1e-6));
     }
     opt.step();
     opt.zero_grad();
-    out.losses.push_back(loss.item<double>());
+    out.losses.push_back(loss.template item<double>());
     out.norms.push_back(norm);
   }
   for (const auto& item : model.named_parameters()) out.weights[item.key()] = item.value().detach().clone();
   return out;
 }
 
-Trained parallel(const models::GPTConfig& config, const ParallelLayout& layout) {
+template <class Config>
+Trained parallel(const Config& config, std::shared_ptr<const Model> model, const Case& c) {
   OptimizerConfig optim;
   optim.lr = kLr;
   optim.grad_clip = kClip;
   optim.eps = kEps;
-  GPTTrainer trainer(world(), config, layout, optim);
+  TrainerOptions options;
+  options.zero_stage = c.zero;
+  Trainer trainer(world(), std::move(model), c.layout, optim, options);
   Trained out;
   for (int step = 0; step < kSteps; ++step) {
     StepStats st = trainer.train_step(batch(config, step));
@@ -154,9 +180,18 @@ Trained parallel(const models::GPTConfig& config, const ParallelLayout& layout) 
 
 void check_contract(at::ScalarType dtype, double tol_loss, double tol_weight) {
   const Case c = case_from_env();
-  const models::GPTConfig config = model_config(dtype, c.tied);
-  const Trained ref = reference(config);
-  const Trained got = parallel(config, c.layout);
+  Trained ref, got;
+  if (c.llama) {
+    models::LlamaConfig config = llama_config(dtype, c.tied);
+    if (c.recompute) config.recompute = recompute::Policy::parse("full");
+    ref = reference<models::Llama>(config);
+    got = parallel(config, std::make_shared<LlamaModel>(config), c);
+  } else {
+    models::GPTConfig config = model_config(dtype, c.tied);
+    if (c.recompute) config.recompute = recompute::Policy::parse("full");
+    ref = reference<models::GPT>(config);
+    got = parallel(config, std::make_shared<GPTModel>(config), c);
+  }
   ASSERT_EQ(got.losses.size(), ref.losses.size());
   EXPECT_LT(ref.losses.back(), ref.losses.front()) << "the reference did not learn";
   int clipped = 0;

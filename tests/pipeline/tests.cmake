@@ -12,13 +12,17 @@ foreach(_np 1 2 3 4)
                      LABELS "pipeline" TIMEOUT 300)
 endforeach()
 
-# The 3D contract: GPTTrainer in a layout against a single-process loop.
+# The 3D contract: the trainer in a layout against a single-process loop,
+# for the GPT and the Llama.
 # layout:ranks — TORUS_TEST_LAYOUT names the layout (gpt_3d_test.cpp).
 add_executable(torus_gpt_3d_contract ${CMAKE_CURRENT_LIST_DIR}/gpt_3d_test.cpp)
 target_link_libraries(torus_gpt_3d_contract PRIVATE torus_test_main torus)
 foreach(_case pp1,1f1b:1 pp2,gpipe:2 pp2,1f1b:2 pp2,interleaved,v2:2 pp2,zb-h1,untied:2 pp4,gpipe:4 pp4,1f1b:4
               pp4,interleaved,v2:4 pp4,zb-h1:4 tp2,pp2,dp2,1f1b:8 tp2,pp2,dp2,interleaved,v2,sp:8
-              tp2,pp2,dp2,zb-h1,sp,untied,m8:8)
+              tp2,pp2,dp2,zb-h1,sp,untied,m8:8
+              # The Llama-family decoder: kv heads split (tp2) and replicated (tp4), SP, schedules, recompute, ZeRO.
+              llama:1 llama,tp2,sp:2 llama,tp4:4 llama,tp4,sp:4 llama,pp2,1f1b:2 llama,pp2,zb-h1,untied:2
+              llama,pp4,interleaved,v2:4 llama,dp2,z3,rc:2 llama,pp2,dp2,z2:4 llama,tp2,pp2,dp2,1f1b,sp,z1:8)
   string(REPLACE ":" ";" _pair "${_case}")
   list(GET _pair 0 _layout)
   list(GET _pair 1 _np)

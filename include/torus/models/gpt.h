@@ -109,8 +109,9 @@ struct GPTConfig {
   static GPTConfig gpt2();   // GPT-2 124M
 };
 
-// Which pieces of the model this instance holds (pipeline cuts).
-struct GPTPart {
+// Which pieces of a decoder this instance holds (pipeline cuts); the GPT's
+// and the Llama's (llama.h).
+struct DecoderPart {
   bool embedding = true;
   int64_t first_layer = 0;
   int64_t num_layers = -1;  // -1: through the last layer
@@ -118,6 +119,7 @@ struct GPTPart {
   // The pipeline stage this part is (its dropout streams: RngTracker's stage).
   int stage = 0;
 };
+using GPTPart = DecoderPart;
 
 // ---- pipeline cuts -------------------------------------------------------------------
 //
@@ -138,8 +140,20 @@ std::vector<double> gpt_item_costs(const GPTConfig& config, int64_t seq_len);
 std::vector<GPTPart> gpt_stage_parts(const GPTConfig& config, int num_stages, int64_t seq_len,
                                      const std::vector<int64_t>& layers_per_stage = {});
 
+// The cut of any decoder given its item costs (embedding, L blocks, head:
+// L + 2 entries), by the rules of gpt_stage_parts; `what` names the model in
+// messages ("GPT", "Llama").
+std::vector<DecoderPart> decoder_stage_parts(const std::vector<double>& item_costs, int num_stages,
+                                             const std::vector<int64_t>& layers_per_stage, const char* what);
+
 // "embedding + blocks 0-2", "blocks 3-5 + head".
 std::string describe_part(const GPTPart& part, int64_t num_layers);
+
+// The mean token loss of vocab-parallel logits [s, b, V/tp] against labels
+// [b, s] (ignore_index -100), in fp32 (f64 for f64 logits) whatever the
+// logits' dtype (Note [Cross entropy in fp32]). The heads of both decoders.
+at::Tensor mean_token_loss(const at::Tensor& logits, const at::Tensor& labels, const comm::ProcessGroupPtr& tp,
+                           int64_t vocab_size);
 
 class GPTEmbedding : public torch::nn::Module, public tp::ShardedModule {
  public:
@@ -222,6 +236,8 @@ class GPT : public torch::nn::Module {
   // forward + mean cross entropy against labels [b, s], in fp32 for bf16/f16
   // models (GPTHead::loss). Needs the head.
   at::Tensor loss(const at::Tensor& input, const at::Tensor& labels);
+  // The loss of logits this model's forward returned (GPTHead::loss). Needs the head.
+  at::Tensor loss_of(const at::Tensor& logits, const at::Tensor& labels) const;
 
   const GPTConfig& config() const { return config_; }
   const parallel::ParallelGroups& groups() const { return groups_; }

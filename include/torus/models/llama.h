@@ -39,11 +39,12 @@
 //
 // Note [Rotary embeddings]: positions 0..s-1 of the full sequence (under
 // sequence parallelism q and k are computed after the all-gather, so every
-// rank rotates the whole sequence). Frequencies inv_freq_i = theta^(-2i/d),
-// i < d/2, computed in f64 and rounded to f32; angles pos x inv_freq in f32;
-// cos/sin applied to the first and second halves of each head
-// (x1 cos - x2 sin, x2 cos + x1 sin), in f32 for half-precision inputs and
-// rounded once. Scaling (RopeScaling): "linear" divides the frequencies by
+// rank rotates the whole sequence). Frequencies inv_freq_i = 1 /
+// theta^(2i/d), i < d/2, and the angles pos x inv_freq, all in f32 in the
+// order Hugging Face computes them (so imported weights give the same
+// logits); cos/sin rounded to the activations' dtype and applied to the
+// first and second halves of each head (x1 cos - x2 sin, x2 cos + x1 sin).
+// Scaling (RopeScaling): "linear" divides the frequencies by
 // `factor`; "llama3" keeps high frequencies, divides low ones by `factor` and
 // blends between (low_freq_factor, high_freq_factor, original_max_position),
 // as Llama 3.1 does.
@@ -133,16 +134,29 @@ std::vector<double> llama_item_costs(const LlamaConfig& config, int64_t seq_len)
 std::vector<DecoderPart> llama_stage_parts(const LlamaConfig& config, int num_stages, int64_t seq_len,
                                            const std::vector<int64_t>& layers_per_stage = {});
 
+// A key or value projection [K d / tp, h] (split) or [K d, h] (replicated,
+// partial gradients over TP): Note [GQA under TP].
+class LlamaKV : public torch::nn::Module, public tp::ShardedModule {
+ public:
+  LlamaKV(int64_t out_features, int64_t in_features, bool split, const tp::InitSpec& init,
+          const parallel::ParallelGroups& groups, const at::TensorOptions& options);
+  tp::ShardSpecs shard_specs() const override { return {{"weight", spec_}}; }
+  const at::Tensor& weight() const { return weight_; }
+
+ private:
+  tp::ShardSpec spec_;
+  at::Tensor weight_;
+};
+
 class LlamaBlock : public torch::nn::Module, public tp::ShardedModule {
  public:
   LlamaBlock(const LlamaConfig& config, int64_t layer, const parallel::ParallelGroups& groups);
   // hidden [s, b, h] ([s/tp, b, h] with sequence parallelism), same shape out.
   at::Tensor forward(const at::Tensor& hidden);
-  tp::ShardSpecs shard_specs() const override;  // k, v when replicated: partial gradients
+  tp::ShardSpecs shard_specs() const override { return {}; }
 
  private:
   at::Tensor attention(const at::Tensor& x);
-  at::Tensor kv_projection(const at::Tensor& x, const at::Tensor& weight);
 
   LlamaConfig config_;
   comm::ProcessGroupPtr tp_;
@@ -152,10 +166,10 @@ class LlamaBlock : public torch::nn::Module, public tp::ShardedModule {
   std::shared_ptr<tp::RMSNorm> attn_norm_, mlp_norm_;
   std::shared_ptr<tp::ColumnParallelLinear> q_, gate_, up_;
   std::shared_ptr<tp::RowParallelLinear> o_, down_;
-  at::Tensor k_, v_;  // [K d / tp, h] split, or [K d, h] replicated
+  std::shared_ptr<LlamaKV> k_, v_;
 };
 
-class Llama : public torch::nn::Module {
+class Llama : public torch::nn::Module, public tp::ShardedModule {
  public:
   // Validates against the TP size (InvalidArgument) before any
   // communication; construction communicates nothing.
@@ -168,6 +182,8 @@ class Llama : public torch::nn::Module {
   // (ignore_index -100), f32 whatever the dtype. Needs the head.
   at::Tensor loss_of(const at::Tensor& logits, const at::Tensor& labels) const;
   at::Tensor loss(const at::Tensor& input, const at::Tensor& labels) { return loss_of(forward(input), labels); }
+  // The untied (or copied) output layer's vocabulary rows are TP shards.
+  tp::ShardSpecs shard_specs() const override;
 
   const LlamaConfig& config() const { return config_; }
   const std::shared_ptr<tp::RngTracker>& rng() const { return rng_; }

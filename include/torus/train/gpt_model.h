@@ -45,6 +45,8 @@ class GPTModel : public Model {
   std::vector<RankMemoryShape> memory_shape(const ModelLayout& layout, int num_chunks, int64_t rows,
                                             int64_t seq) const override;
   std::pair<int64_t, int64_t> routing_shape() const override;
+  std::string describe() const override;
+  std::string config_json() const override;
   c10::ScalarType param_dtype() const override { return config_.dtype; }
   c10::Device device() const override { return config_.device; }
 

@@ -164,12 +164,24 @@ class Model {
   virtual std::pair<int64_t, int64_t> routing_shape() const { return {0, 0}; }
   virtual c10::ScalarType param_dtype() const = 0;
   virtual c10::Device device() const = 0;
+  // One line for the run's log: "llama: 16 layers, width 2048, 32 heads (8
+  // kv), ffn 8192, vocab 128256".
+  virtual std::string describe() const { return name(); }
+  // The model's whole shape as a JSON object (text), with "family" (gpt,
+  // llama) and the family's config fields under their config names
+  // (vocab_size, num_layers, hidden, ...; every default resolved): what a
+  // checkpoint's manifest records, what resuming compares and what an
+  // exporter (docs/hf.md) rebuilds the model from.
+  virtual std::string config_json() const { return "{}"; }
 };
 
-// The model adapter named by config.model, sized by the config's model
-// options (--layers, --hidden, ...; --precision picks the parameter dtype).
-// Throws InvalidArgument for an unknown model or bad sizes. The only place
-// that maps a name to a model (src/train/adapters/registry.cpp).
+// The model named by config.model (a preset, model_presets.h), with each
+// shape option the config sets (non-zero: --layers, --hidden, --heads,
+// --kv-heads, --ffn, --vocab, --rope-theta) overriding the preset's; the
+// context is the preset's or --seq, whichever is longer; --precision picks
+// the parameter dtype. Throws InvalidArgument for an unknown model or bad
+// sizes. The only place that maps a name to a model
+// (src/train/adapters/registry.cpp).
 std::shared_ptr<Model> make_model(const RunConfig& config);
 
 }  // namespace torus::train

@@ -42,11 +42,16 @@ namespace torus::train {
 
 struct RunConfig {
   // --- model -----------------------------------------------------------------
-  std::string model = "gpt";  // the model adapter (train/model.h); "gpt": the reference GPT
-  int64_t layers = 4;
-  int64_t hidden = 128;
-  int64_t heads = 4;
-  int64_t ffn = 0;  // 0: 4 x hidden
+  // A preset by name (model_presets.h); each shape option below, when
+  // non-zero, overrides the preset's value.
+  std::string model = "gpt";
+  int64_t layers = 0;
+  int64_t hidden = 0;
+  int64_t heads = 0;
+  int64_t kv_heads = 0;   // Llama: key/value heads (grouped-query attention)
+  int64_t ffn = 0;
+  int64_t vocab = 0;
+  double rope_theta = 0;  // Llama: the rotary base
   int64_t seq = 128;
   double dropout = 0.0;
   bool tie_embeddings = true;

@@ -244,4 +244,26 @@ ShardSpecs LayerNorm::shard_specs() const {
   return {{"weight", s}, {"bias", s}};
 }
 
+// --- RMSNorm ---------------------------------------------------------------------------------
+
+RMSNorm::RMSNorm(const RMSNormOptions& options) : options_(options) {
+  divided(options.dim, nullptr, "dim", "RMSNorm");
+  TORUS_CHECK(options.eps > 0, InvalidArgument, "RMSNorm: eps must be > 0, got {}", options.eps);
+  weight_ = register_parameter("weight", init_shard({options.dim}, {}, 0, kOnes, 0, 1, options.tensor_options));
+}
+
+at::Tensor RMSNorm::forward(const at::Tensor& x) {
+  TORUS_CHECK(x.defined() && at::isFloatingType(x.scalar_type()) && x.dim() >= 1 && x.size(-1) == options_.dim,
+              InvalidArgument, "RMSNorm: the input must be a floating-point tensor [..., {}]", options_.dim);
+  const auto acc = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  at::Tensor xf = x.to(acc);
+  at::Tensor normed = (xf * at::rsqrt(xf.pow(2).mean({-1}, /*keepdim=*/true) + options_.eps)).to(x.scalar_type());
+  return weight_ * normed;
+}
+
+ShardSpecs RMSNorm::shard_specs() const {
+  return {{"weight", ShardSpec{.tp_partial_grad = options_.sequence_parallel}}};
+}
+
 }  // namespace torus::tp
+

@@ -7,115 +7,14 @@
 #include <algorithm>
 #include <set>
 
+#include <nlohmann/json.hpp>
+
 #include "core/log.h"
+#include "train/adapters/decoder_stage.h"
 #include "torus/parallel/tensor/sharding.h"
 
 namespace torus::train {
 namespace {
-
-constexpr const char* kTieKey = "word_embedding";
-
-class GPTStage : public StageModule {
- public:
-  GPTStage(std::shared_ptr<models::GPT> gpt, bool tied_copy_stage, bool tied_owner_stage)
-      : gpt_(std::move(gpt)), tied_copy_stage_(tied_copy_stage), tied_owner_stage_(tied_owner_stage) {}
-
-  std::shared_ptr<torch::nn::Module> module() const override { return gpt_; }
-  at::Tensor forward(const at::Tensor& input) override { return gpt_->forward(input); }
-  at::Tensor loss(const at::Tensor& output, const at::Tensor& labels) override {
-    TORUS_CHECK(gpt_->head() != nullptr, InvalidArgument, "GPT stage: loss() on a stage without the head");
-    return gpt_->head()->loss(output, labels);
-  }
-
-  std::vector<StageParameter> parameters() const override {
-    const tp::ShardSpecs specs = tp::collect_shard_specs(*gpt_);
-    std::set<const void*> expert_params;
-    for (const auto& m : gpt_->modules()) {
-      auto* holder = dynamic_cast<const expert::MoEParameters*>(m.get());
-      if (!holder || !holder->expert()) continue;
-      for (const auto& p : holder->parameters(/*recurse=*/false)) expert_params.insert(p.unsafeGetTensorImpl());
-    }
-    std::vector<StageParameter> out;
-    for (const auto& item : gpt_->named_parameters()) {
-      StageParameter p;
-      p.name = item.key();
-      p.tensor = item.value();
-      auto spec = specs.find(item.key());
-      if (spec != specs.end()) p.spec = spec->second;
-      p.weight_decay = p.tensor.dim() >= 2;
-      if (tied_copy_stage_ && p.name == "head.output") {
-        p.tie_key = kTieKey;
-        p.tie_copy = true;
-        p.tied_to = "embedding.word.weight";
-      }
-      if (tied_owner_stage_ && p.name == "embedding.word.weight") p.tie_key = kTieKey;
-      if (p.name.rfind("blocks.", 0) == 0) p.block = std::stoll(p.name.substr(7, p.name.find('.', 7) - 7));
-      p.expert = expert_params.count(p.tensor.unsafeGetTensorImpl()) > 0;
-      out.push_back(std::move(p));
-    }
-    return out;
-  }
-
-  std::map<std::string, at::Tensor> gather_full_parameters(const comm::ProcessGroupPtr& tp) const override {
-    return tp::gather_full_parameters(*gpt_, tp);
-  }
-
-  std::vector<int64_t> block_layers() const override {
-    std::vector<int64_t> out;
-    const int64_t first = gpt_->blocks().empty() ? 0 : first_layer_;
-    for (size_t i = 0; i < gpt_->blocks().size(); ++i) out.push_back(first + static_cast<int64_t>(i));
-    return out;
-  }
-  void set_first_layer(int64_t first) { first_layer_ = first; }
-  bool set_block_hooks(std::shared_ptr<parallel::BlockHooks> hooks) override {
-    gpt_->set_block_hooks(std::move(hooks));
-    return true;
-  }
-
-  std::map<std::string, at::Tensor> rng_state() const override {
-    const tp::RngTracker::State st = gpt_->rng()->get_state();
-    return {{"replicated", st.replicated}, {"sharded", st.sharded}};
-  }
-  std::vector<std::shared_ptr<expert::MoELayer>> moe_layers() const {
-    std::vector<std::shared_ptr<expert::MoELayer>> out;
-    for (const auto& b : gpt_->blocks()) {
-      if (b->moe()) out.push_back(b->moe());
-    }
-    return out;
-  }
-  void set_loss_grad_scale(double scale) override {
-    for (const auto& m : moe_layers()) m->set_loss_grad_scale(scale);
-  }
-  std::vector<expert::LayerRoutingStats> end_step(bool stepped) override {
-    std::vector<expert::LayerRoutingStats> out;
-    for (const auto& m : moe_layers()) out.push_back(m->end_step(stepped));
-    return out;
-  }
-  std::map<std::string, at::Tensor> extra_state() const override {
-    std::map<std::string, at::Tensor> out;
-    for (const auto& b : gpt_->blocks()) {
-      if (b->moe() && b->moe()->bias().defined()) {
-        out[fmt::format("blocks.{}.moe.router.bias", b->moe()->layer())] = b->moe()->bias();
-      }
-    }
-    return out;
-  }
-
-  void set_rng_state(const std::map<std::string, at::Tensor>& state) override {
-    auto get = [&](const char* name) {
-      auto it = state.find(name);
-      TORUS_CHECK(it != state.end(), InvalidArgument, "GPT stage: the RNG state has no '{}' stream", name);
-      return it->second;
-    };
-    gpt_->rng()->set_state({get("replicated"), get("sharded")});
-  }
-
- private:
-  std::shared_ptr<models::GPT> gpt_;
-  bool tied_copy_stage_;
-  bool tied_owner_stage_;
-  int64_t first_layer_ = 0;
-};
 
 models::GPTConfig with_layout(models::GPTConfig c, const ModelLayout& layout) {
   c.sequence_parallel = layout.sequence_parallel;
@@ -154,7 +53,7 @@ std::unique_ptr<StageModule> GPTModel::build_stage(int stage, const ModelLayout&
   const models::GPTPart& part = all[stage];
   const bool split_tie = config_.tie_embeddings && layout.num_stages > 1;
   auto gpt = std::make_shared<models::GPT>(with_layout(config_, layout), groups, part);
-  auto s = std::make_unique<GPTStage>(gpt, split_tie && part.head && !part.embedding,
+  auto s = std::make_unique<detail::DecoderStage<models::GPT>>(gpt, split_tie && part.head && !part.embedding,
                                       split_tie && part.embedding && !part.head);
   s->set_first_layer(part.first_layer);
   return s;
@@ -251,6 +150,37 @@ std::vector<RankMemoryShape> GPTModel::memory_shape(const ModelLayout& layout, i
     if (recomputes) rs.recompute_extra_16 = full16;  // one block recomputed in backward
   }
   return out;
+}
+
+std::string GPTModel::describe() const {
+  const models::GPTConfig& c = config_;
+  std::string out = fmt::format("gpt: {} layers, width {}, {} heads, ffn {}, vocab {}, context {}{}", c.num_layers,
+                                c.hidden, c.num_heads, c.ffn(), c.vocab_size, c.max_seq_len,
+                                c.tie_embeddings ? ", tied" : "");
+  if (c.moe_every > 0) {
+    out += fmt::format(", MoE every {} ({} experts, top-{})", c.moe_every, c.moe.num_experts, c.moe.top_k);
+  }
+  return out;
+}
+
+std::string GPTModel::config_json() const {
+  const models::GPTConfig& c = config_;
+  nlohmann::json j = {{"family", "gpt"},
+                      {"vocab_size", c.vocab_size},
+                      {"max_seq_len", c.max_seq_len},
+                      {"num_layers", c.num_layers},
+                      {"hidden", c.hidden},
+                      {"num_heads", c.num_heads},
+                      {"ffn_hidden", c.ffn()},
+                      {"layernorm_eps", c.layernorm_eps},
+                      {"tie_embeddings", c.tie_embeddings},
+                      {"moe_every", c.moe_every}};
+  if (c.moe_every > 0) {
+    j["experts"] = c.moe.num_experts;
+    j["top_k"] = c.moe.top_k;
+    j["moe_ffn"] = c.moe_config().ffn_hidden;
+  }
+  return j.dump();
 }
 
 GPTTrainer::GPTTrainer(comm::ProcessGroupPtr world, models::GPTConfig model, ParallelLayout layout,

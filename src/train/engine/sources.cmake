@@ -9,4 +9,5 @@ target_sources(torus PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/peak_flops.cpp
   ${CMAKE_CURRENT_LIST_DIR}/checkpointing.cpp
   ${CMAKE_CURRENT_LIST_DIR}/../adapters/gpt_model.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/../adapters/llama_model.cpp
   ${CMAKE_CURRENT_LIST_DIR}/../adapters/registry.cpp)

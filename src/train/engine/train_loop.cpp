@@ -198,9 +198,11 @@ TrainLoop::TrainLoop(comm::ProcessGroupPtr world, RunConfig config, std::string 
 
   // Checkpoints: the run's description, then --init-from or --resume.
   {
-    Json model = {{"model", c.model},   {"layers", c.layers}, {"hidden", c.hidden},
-                  {"heads", c.heads},   {"ffn", c.ffn},       {"tie_embeddings", c.tie_embeddings},
-                  {"parameters", m.trainer->num_parameters()}};
+    // The model's whole shape (Model::config_json), what resuming compares
+    // and what an export rebuilds the model from.
+    Json model = Json::parse(m.model->config_json());
+    model["model"] = c.model;
+    model["parameters"] = m.trainer->num_parameters();
     Json data = {{"source", m.corpus.source()},
                  {"bytes", m.corpus.size()},
                  {"sha256", ckpt::sha256_hex(m.corpus.bytes().data(), m.corpus.bytes().size())},
@@ -294,9 +296,9 @@ RunSummary TrainLoop::run() {
     // the last record of each step.
     metrics = std::make_unique<JsonlWriter>(c.out + "/metrics.jsonl", /*truncate=*/m.resumed.path.empty());
     if (c.tensorboard) tb = std::make_unique<TensorBoardWriter>(c.out + "/tb");
-    m.line(fmt::format("{}: {} ranks, {}; model {} ({} layers, width {}, {} heads, seq {}), {:.2f}M parameters, {}",
-                       m.program, world_size, m.layout.describe(), m.model->name(), c.layers, c.hidden, c.heads, c.seq,
-                       trainer.num_parameters() / 1e6, c.precision));
+    m.line(fmt::format("{}: {} ranks, {}; model {} ({}), seq {}, {:.2f}M parameters, {}", m.program, world_size,
+                       m.layout.describe(), c.model, m.model->describe(), c.seq, trainer.num_parameters() / 1e6,
+                       c.precision));
     const auto stages = trainer.describe_stages();
     for (size_t s = 0; s < stages.size(); ++s) m.line(fmt::format("  stage {}: {}", s, stages[s]));
     m.line(fmt::format("data: {} ({} bytes: {} train, {} validation); batch {} x {} tokens; peak {:.1f} GFLOP/s",

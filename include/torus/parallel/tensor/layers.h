@@ -176,4 +176,29 @@ class LayerNorm : public torch::nn::Module, public ShardedModule {
   at::Tensor bias_;
 };
 
+// Root-mean-square normalisation (Zhang & Sennrich 2019; Llama): x /
+// sqrt(mean(x^2 over `dim`) + eps) times a gain, no bias and no centring.
+// The mean of squares is formed in fp32 for half-precision inputs and the
+// normalised value rounded to the input's dtype before the gain is applied
+// (the order Hugging Face's Llama uses). Under sequence parallelism its
+// gradient is partial over TP, as LayerNorm's.
+struct RMSNormOptions {
+  int64_t dim = 0;
+  double eps = 1e-5;
+  bool sequence_parallel = false;
+  at::TensorOptions tensor_options = at::TensorOptions().dtype(at::kFloat);
+};
+
+class RMSNorm : public torch::nn::Module, public ShardedModule {
+ public:
+  explicit RMSNorm(const RMSNormOptions& options);
+  at::Tensor forward(const at::Tensor& x);
+  ShardSpecs shard_specs() const override;
+  const at::Tensor& weight() const { return weight_; }
+
+ private:
+  RMSNormOptions options_;
+  at::Tensor weight_;
+};
+
 }  // namespace torus::tp
