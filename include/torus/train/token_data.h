@@ -172,7 +172,7 @@ struct TokenSamplerOptions {
   int64_t seq_len = 0;  // tokens the model reads per row; a row holds seq_len + 1
   int64_t batch = 0;    // rows of the global batch (all data-parallel ranks)
   uint64_t seed = 0;
-  TokenRange range;     // the tokens the windows are cut from
+  TokenRange range{};   // the tokens the windows are cut from
   bool shuffle = true;  // false: every epoch in window order (evaluation)
   std::string name = "train";  // names the sampler in messages
 };
