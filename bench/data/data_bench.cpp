@@ -10,9 +10,8 @@
 // The data: --tokens uint16 ids from a splitmix64 stream (vocabulary 50304),
 // written as data.tok and as data.bin + data.idx (documents of 1000 tokens)
 // in --dir (default: a fresh folder in the temporary directory, removed at
-// the end), then
-// read once whole (validate_tokens(), which also checks every id) so the
-// page cache is warm. One data-parallel rank's share is timed: rows
+// the end), then read once whole (validate_tokens(), which also checks
+// every id) so the page cache is warm. One data-parallel rank's share is timed: rows
 // [0, batch / dp) of steps 0 .. steps - 1, on one thread. Reported per
 // format: ms per step (median), tokens/s (ids returned, seq + 1 per row), the
 // source GB/s (2 bytes per id) and the ratio to the memcpy gather of the
