@@ -28,6 +28,13 @@ if(TORUS_BUILD_PYTHON)
                    ${CMAKE_CURRENT_LIST_DIR}/test_optim.py)
   set_tests_properties(python_optim PROPERTIES TIMEOUT 300 LABELS "unit;python;optim" ENVIRONMENT "TORUS_LOG_LEVEL=warn")
 
+  # torus.data.prepare: text files -> .tok and Megatron .bin/.idx with a tokenizer trained in the test, read back
+  # by numpy; one process, no network (skips when the tokenizers package is missing).
+  add_test(NAME python_data_prepare
+           COMMAND ${CMAKE_CURRENT_LIST_DIR}/run_pytest.sh ${TORUS_PYTHON_EXECUTABLE} ${PROJECT_BINARY_DIR}/python
+                   ${CMAKE_CURRENT_LIST_DIR}/test_data_prepare.py)
+  set_tests_properties(python_data_prepare PROPERTIES TIMEOUT 120 LABELS "unit;python;data")
+
   # torus.checkpoint and torus-ckpt: resume, export read by the safetensors package, verify, TrainLoop options.
   add_test(NAME python_checkpoint
            COMMAND ${CMAKE_CURRENT_LIST_DIR}/run_pytest.sh ${TORUS_PYTHON_EXECUTABLE} ${PROJECT_BINARY_DIR}/python

@@ -1,10 +1,12 @@
 # Utilities of a training run (LibTorch-free, single process): the option
-# table, LR schedule, corpus and batch sampler, metrics formatting and JSON
-# Lines, TensorBoard event files.
+# table, LR schedule, corpus and batch sampler, token datasets (.tok,
+# Megatron .bin/.idx) and their sampler, metrics formatting and JSON Lines,
+# TensorBoard event files.
 add_executable(torus_train_utils_tests
   ${CMAKE_CURRENT_LIST_DIR}/run_config_test.cpp
   ${CMAKE_CURRENT_LIST_DIR}/lr_schedule_test.cpp
   ${CMAKE_CURRENT_LIST_DIR}/corpus_test.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/token_data_test.cpp
   ${CMAKE_CURRENT_LIST_DIR}/metrics_test.cpp
   ${CMAKE_CURRENT_LIST_DIR}/tensorboard_test.cpp)
 target_link_libraries(torus_train_utils_tests PRIVATE torus_test_main torus_base)
