@@ -90,7 +90,7 @@ std::vector<Entry> table(RunConfig& c) {
       {"steps", &c.steps, "optimizer steps"},
       {"batch", &c.batch, "global batch in sequences (divisible by dp x micro-batches)"},
       {"seed", &c.seed, "seed of the initialisation, dropout and the data order"},
-      {"data", &c.data, "a text file or a directory of them (default: the licence texts every Debian system ships)"},
+      {"data", &c.data, "a text file or a directory of them (bytes as tokens; default: the licence texts every Debian system ships), or a tokenized dataset: a .tok file or a Megatron .bin/.idx prefix (docs/data.md)"},
       {"val-fraction", &c.val_fraction, "share of the corpus held out for validation (its end)"},
       {"eval-interval", &c.eval_interval, "steps between validation passes (0: only at the end)"},
       {"eval-batches", &c.eval_batches, "batches per validation pass"},

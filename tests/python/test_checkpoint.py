@@ -119,3 +119,44 @@ def test_train_loop_saves_resumes_and_inits_from_python(world, tmp_path):
     weights = safetensors_torch.load_file(str(exported))
     for k, v in init.trainer().gather_local_parameters().items():
         assert torch.equal(v, weights[k]), k
+
+
+def write_tok(path, vocab, docs):
+    from torus.data.prepare import TokWriter
+    w = TokWriter(str(path), vocab)
+    for d in docs:
+        w.add_document(d)
+    w.finish()
+
+
+def test_train_loop_on_token_data(world, tmp_path):
+    # A Llama on a tokenized dataset (a .tok file of the preparation tool)
+    # whose ids pass the byte range: documents of a repeating 12-token
+    # pattern over ids 250..299, which a model learns within a few steps.
+    pattern = [250 + (7 * i) % 50 for i in range(12)]
+    tok = tmp_path / "pattern.tok"
+    write_tok(tok, 300, [pattern * 40 for _ in range(8)])
+    common = dict(model="llama-tiny", vocab=300, data=str(tok), seq=16, batch=8, micro_batches=2, steps=30,
+                  warmup=2, lr=1e-2, eval_interval=0, eval_batches=1, tensorboard=False, progress="off",
+                  peak_tflops=1.0, threads=1)
+    losses = []
+    loop = train.TrainLoop(world, train.RunConfig(out=str(tmp_path / "a"), save_every=30, **common))
+    loop.on_step(lambda r: losses.append(r.loss))
+    loop.run()
+    assert abs(losses[0] - torch.log(torch.tensor(300.0)).item()) < 1.0, losses[0]  # near uniform at the start
+    assert losses[-1] < losses[0] - 2.0, losses
+    manifest = json.loads((tmp_path / "a" / "checkpoints" / "step-00000030" / "manifest.json").read_text())
+    assert manifest["data"]["kind"] == "tokens" and manifest["data"]["tokens"] == 8 * 40 * 12
+    assert manifest["data"]["vocab_size"] == 300 and manifest["model"]["family"] == "llama"
+    config = [json.loads(l) for l in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()][0]
+    assert config["data"]["kind"] == "tokens" and config["data"]["source"] == str(tok)
+
+    # A model whose embedding cannot hold the ids is refused, naming the fix.
+    with pytest.raises(torus.InvalidArgument, match="--vocab 300"):
+        train.TrainLoop(world, train.RunConfig(out=str(tmp_path / "b"), **dict(common, vocab=0)))
+    # Resuming on other token data is refused, naming both.
+    other = tmp_path / "other.tok"
+    write_tok(other, 300, [pattern * 41 for _ in range(8)])
+    with pytest.raises(torus.InvalidArgument, match="other data"):
+        train.TrainLoop(world, train.RunConfig(out=str(tmp_path / "c"), resume=str(tmp_path / "a" / "checkpoints" / "step-00000030"),
+                                               **dict(common, data=str(other))))

@@ -116,7 +116,7 @@ struct RunConfig {
   int64_t seed = 1234;
 
   // --- data and evaluation ---------------------------------------------------------
-  std::string data;  // empty: the default corpus (train/corpus.h)
+  std::string data;  // empty: the default corpus (train/corpus.h); .tok / Megatron prefix: token data (train/token_data.h)
   double val_fraction = 0.1;
   int64_t eval_interval = 100;
   int64_t eval_batches = 2;

@@ -5,6 +5,7 @@
 target_sources(torus PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/trainer.cpp
   ${CMAKE_CURRENT_LIST_DIR}/train_loop.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/run_data.cpp
   ${CMAKE_CURRENT_LIST_DIR}/memory_plan.cpp
   ${CMAKE_CURRENT_LIST_DIR}/peak_flops.cpp
   ${CMAKE_CURRENT_LIST_DIR}/checkpointing.cpp

@@ -15,7 +15,7 @@
 #include "torus/train/checkpointing.h"
 #include "torus/comm/context.h"
 #include "torus/device/device.h"
-#include "torus/train/corpus.h"
+#include "train/engine/run_data.h"
 #include "torus/train/lr_schedule.h"
 #include "torus/train/metrics.h"
 #include "torus/train/model.h"
@@ -131,9 +131,7 @@ struct TrainLoop::Impl {
   std::string program;
   ParallelLayout layout;
   LrSchedule lr;
-  Corpus corpus = Corpus::from_bytes({}, "<none>");
-  CorpusSplit split;
-  std::unique_ptr<BatchSampler> train_data, val_data;
+  std::unique_ptr<RunData> data;  // Note [Run data]
   std::shared_ptr<const Model> model;
   MemoryEstimate estimate;
   MemoryBudget available;
@@ -182,12 +180,7 @@ TrainLoop::TrainLoop(comm::ProcessGroupPtr world, RunConfig config, std::string 
     m.available = available_memory_per_rank(m.model->device(), m.world->context()->launch().local_size);
     m.estimate = precheck_memory(c, *m.model, m.layout, m.available);
   }
-  m.corpus = Corpus::load(c.data.empty() ? default_corpus_path() : c.data);
-  m.split = m.corpus.split(c.val_fraction);
-  m.train_data = std::make_unique<BatchSampler>(m.split.train, c.seq, c.batch, static_cast<uint64_t>(c.seed),
-                                                "training split");
-  m.val_data = std::make_unique<BatchSampler>(m.split.val, c.seq, c.batch, static_cast<uint64_t>(c.seed) ^ 0x5eedull,
-                                              "validation split");
+  m.data = open_run_data(c, Json::parse(m.model->config_json()).value("vocab_size", int64_t{0}));
   {
     const int local = std::max(1, m.world->context()->launch().local_size);
     const int cores = static_cast<int>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN)));
@@ -203,13 +196,11 @@ TrainLoop::TrainLoop(comm::ProcessGroupPtr world, RunConfig config, std::string 
     Json model = Json::parse(m.model->config_json());
     model["model"] = c.model;
     model["parameters"] = m.trainer->num_parameters();
-    Json data = {{"source", m.corpus.source()},
-                 {"bytes", m.corpus.size()},
-                 {"sha256", ckpt::sha256_hex(m.corpus.bytes().data(), m.corpus.bytes().size())},
-                 {"seed", c.seed},
-                 {"batch", c.batch},
-                 {"seq", c.seq},
-                 {"val_fraction", c.val_fraction}};
+    Json data = Json::parse(m.data->manifest_json());
+    data["seed"] = c.seed;
+    data["batch"] = c.batch;
+    data["seq"] = c.seq;
+    data["val_fraction"] = c.val_fraction;
     m.run_desc.model = model.dump();
     m.run_desc.data = data.dump();
     m.run_desc.layout = layout_json(*m.trainer, c.zero, c.precision);
@@ -230,11 +221,13 @@ TrainLoop::TrainLoop(comm::ProcessGroupPtr world, RunConfig config, std::string 
                     saved_model.value(key, Json()).dump(), v.dump());
       }
       const Json saved_data = Json::parse(ck.info().data), data = Json::parse(m.run_desc.data);
-      TORUS_CHECK(saved_data.value("sha256", "") == data.value("sha256", ""), InvalidArgument,
-                  "--resume {}: the checkpoint was trained on {} (SHA-256 {}), this run reads {} (SHA-256 {}): "
-                  "other data",
-                  ck.path(), saved_data.value("source", "?"), saved_data.value("sha256", "?"),
-                  data.value("source", "?"), data.value("sha256", "?"));
+      // Older manifests name a byte corpus by its SHA-256 alone.
+      const std::string saved_id = saved_data.value("identity", saved_data.value("sha256", ""));
+      const std::string saved_kind = saved_data.value("kind", "corpus");
+      TORUS_CHECK(saved_id == data.value("identity", "") && saved_kind == data.value("kind", ""), InvalidArgument,
+                  "--resume {}: the checkpoint was trained on {} ({} {}), this run reads {} ({} {}): other data",
+                  ck.path(), saved_data.value("source", "?"), saved_kind, saved_id, data.value("source", "?"),
+                  data.value("kind", "?"), data.value("identity", "?"));
       for (const char* key : {"seed", "batch", "seq", "val_fraction"}) {
         if (saved_data.value(key, Json()) != data.value(key, Json()) && m.world->rank() == 0) {
           TORUS_LOG_WARN("--resume {}: the checkpoint's data {} is {}, this run's {}: the batches differ from the "
@@ -301,8 +294,7 @@ RunSummary TrainLoop::run() {
                        c.precision));
     const auto stages = trainer.describe_stages();
     for (size_t s = 0; s < stages.size(); ++s) m.line(fmt::format("  stage {}: {}", s, stages[s]));
-    m.line(fmt::format("data: {} ({} bytes: {} train, {} validation); batch {} x {} tokens; peak {:.1f} GFLOP/s",
-                       m.corpus.source(), m.corpus.size(), m.split.train.size(), m.split.val.size(), c.batch, c.seq,
+    m.line(fmt::format("data: {}; batch {} x {} tokens; peak {:.1f} GFLOP/s", m.data->describe(), c.batch, c.seq,
                        m.peak / 1e9));
     Json cfg = {{"event", "config"},
                 {"world_size", world_size},
@@ -311,8 +303,7 @@ RunSummary TrainLoop::run() {
                 {"parameters", trainer.num_parameters()},
                 {"flops_per_token", flops_per_token},
                 {"peak_flops", m.peak},
-                {"corpus", m.corpus.source()},
-                {"corpus_bytes", m.corpus.size()}};
+                {"data", Json::parse(m.run_desc.data)}};
     cfg["options"] = Json::parse(c.to_json());
     const MemoryEstimate& e = m.estimate;  // the fullest pipeline rank's, the same on every rank
     cfg["memory_estimate"] = {{"parameters", e.parameters},
@@ -337,7 +328,7 @@ RunSummary TrainLoop::run() {
   auto evaluate = [&]() {
     double sum = 0;
     for (int64_t i = 0; i < c.eval_batches; ++i) {
-      sum += trainer.evaluate(to_tensor(m.val_data->batch(i), c.batch, c.seq + 1));
+      sum += trainer.evaluate(to_tensor(m.data->val_batch(i), c.batch, c.seq + 1));
     }
     return sum / static_cast<double>(c.eval_batches);
   };
@@ -362,7 +353,7 @@ RunSummary TrainLoop::run() {
   for (int64_t step = m.start_step; step < c.steps; ++step) {
     for (auto& f : m.begin_observers) f(step);
     const double step_lr = m.lr.at(step);
-    const StepStats st = trainer.train_step(to_tensor(m.train_data->batch(step), c.batch, c.seq + 1), step_lr);
+    const StepStats st = trainer.train_step(to_tensor(m.data->train_batch(step), c.batch, c.seq + 1), step_lr);
     const bool last = step + 1 == c.steps;
     StepRecord r;
     r.step = st.step;
