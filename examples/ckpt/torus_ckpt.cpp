@@ -5,6 +5,9 @@
 //   torus-ckpt verify PATH...           every file's SHA-256 and header; exit 1 naming the first bad file
 //   torus-ckpt export PATH OUT.safetensors [--prefix model.] [--all]
 //                                       one consolidated safetensors file of full, unpadded tensors
+//   torus-ckpt export-hf PATH OUT_DIR [--dtype f32|bf16|f16]
+//                                       a Hugging Face directory (config.json, model.safetensors) of a
+//                                       GPT or Llama checkpoint, for from_pretrained (docs/hf.md)
 //
 // Nothing here executes anything read from disk: the manifest is JSON, the
 // tensors safetensors with validated headers.
@@ -17,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "torus/checkpoint/checkpoint.h"
+#include "torus/train/hf.h"
 
 namespace {
 
@@ -97,6 +101,24 @@ int cmd_export(const std::string& path, const std::string& out, const std::strin
   return 0;
 }
 
+int cmd_export_hf(const std::string& path, const std::string& out, const std::string& dtype) {
+  const auto ck = ckpt::Checkpoint::open(path);
+  ck.verify();
+  train::HfExportOptions options;
+  if (dtype == "f32") {
+    options.dtype = c10::ScalarType::Float;
+  } else if (dtype == "bf16") {
+    options.dtype = c10::ScalarType::BFloat16;
+  } else if (dtype == "f16") {
+    options.dtype = c10::ScalarType::Half;
+  }
+  const train::HfConfig config = train::hf_config_of_checkpoint(ck);
+  train::export_hf(ck, config, out, options);
+  fmt::print("{}: step {} written to {} as a Hugging Face {} model\n", path, ck.info().step, out,
+             train::hf_model_type(config.family));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -116,12 +138,19 @@ int main(int argc, char** argv) {
   exp->add_option("out", out, "output .safetensors file")->required();
   exp->add_option("--prefix", prefix, "export the tensors whose names start so, without it (default: model.)");
   exp->add_flag("--all", all, "export every tensor under its full name (optimizer state, counters)");
+  std::string hf_dtype;
+  auto* exp_hf = app.add_subcommand("export-hf", "write a Hugging Face directory (GPT-2 or Llama) for from_pretrained");
+  exp_hf->add_option("path", path, "checkpoint directory (step-N)")->required();
+  exp_hf->add_option("out", out, "output directory (created; config.json and model.safetensors)")->required();
+  exp_hf->add_option("--dtype", hf_dtype, "the tensors' dtype in the files (default: as saved)")
+      ->check(CLI::IsMember({"f32", "bf16", "f16"}));
   CLI11_PARSE(app, argc, argv);
   try {
     if (*list) return cmd_list(dir);
     if (*info) return cmd_info(path);
     if (*verify) return cmd_verify(paths);
     if (*exp) return cmd_export(path, out, all ? "" : prefix);
+    if (*exp_hf) return cmd_export_hf(path, out, hf_dtype);
   } catch (const torus::Error& e) {
     std::fprintf(stderr, "torus-ckpt: %s\n", e.what());
     return 1;

@@ -4,5 +4,6 @@ target_sources(torus_base PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/safetensors.cpp
   ${CMAKE_CURRENT_LIST_DIR}/file_io.cpp)
 # Sharded checkpoints over LibTorch tensors (checkpoint.h): writing,
-# verifying, resharding, export.
-target_sources(torus PRIVATE ${CMAKE_CURRENT_LIST_DIR}/checkpoint.cpp)
+# verifying, resharding, export; memory-mapped safetensors files and Hugging
+# Face weight directories (mapped_safetensors.h).
+target_sources(torus PRIVATE ${CMAKE_CURRENT_LIST_DIR}/checkpoint.cpp ${CMAKE_CURRENT_LIST_DIR}/mapped_safetensors.cpp)

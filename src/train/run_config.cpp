@@ -106,7 +106,7 @@ std::vector<Entry> table(RunConfig& c) {
       {"keep-last", &c.keep_last, "keep the newest K complete checkpoints, delete older ones (0: keep all)"},
       {"async-save", &c.async_save, "checkpoint from a host snapshot in a background thread"},
       {"resume", &c.resume, "resume from: auto (the newest good checkpoint in --save-dir) or a checkpoint path"},
-      {"init-from", &c.init_from, "initial model weights from a safetensors file of global parameter names"},
+      {"init-from", &c.init_from, "initial model weights: a safetensors file of global parameter names, or a Hugging Face model directory (config.json + model.safetensors or its index; GPT-2 and Llama, docs/hf.md)"},
       {"save-timeout", &c.save_timeout, "seconds rank 0 waits for the other ranks' checkpoint files"},
       {"fail-rank", &c.fail_rank, "testing: this rank kills itself (SIGKILL) ..."},
       {"fail-step", &c.fail_step, "testing: ... at the start of this step"},

@@ -36,3 +36,14 @@ endforeach()
 # back, and the run resumes from it to completion (sigkill_test.py).
 add_test(NAME checkpoint_sigkill COMMAND ${TORUS_PYTHON_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/sigkill_test.py ${PROJECT_BINARY_DIR})
 set_tests_properties(checkpoint_sigkill PROPERTIES TIMEOUT 400 LABELS "checkpoint;multirank" ENVIRONMENT "TORUS_LOG_LEVEL=warn" PROCESSORS 2)
+
+# Hugging Face weights in and out (hf_test.cpp): the mapped reader,
+# config.json of both families, GPT-2 into a Torus model with GPT-2's logits,
+# export and import back, the Llama mapping; np2 the same directory into tp2,
+# pp2 and dp2 ZeRO-3.
+add_executable(torus_hf_tests ${CMAKE_CURRENT_LIST_DIR}/hf_test.cpp)
+target_link_libraries(torus_hf_tests PRIVATE torus_test_main torus)
+torus_add_mpi_test(NAME hf_np1 TARGET torus_hf_tests NP 1 ARGS --gtest_filter=-HfLayouts.* LABELS "checkpoint"
+                   TIMEOUT 120)
+torus_add_mpi_test(NAME hf_np2 TARGET torus_hf_tests NP 2 ARGS --gtest_filter=HfLayouts.* LABELS "checkpoint"
+                   TIMEOUT 120)

@@ -42,6 +42,14 @@ if(TORUS_BUILD_PYTHON)
   set_tests_properties(python_checkpoint PROPERTIES TIMEOUT 300 LABELS "unit;python;checkpoint"
                        ENVIRONMENT "TORUS_LOG_LEVEL=warn")
 
+  # Hugging Face interop against transformers: torus-ckpt export-hf loaded by from_pretrained, and
+  # --init-from a save_pretrained directory, each with equal losses (GPT-2 and Llama); one process.
+  add_test(NAME python_hf
+           COMMAND ${CMAKE_CURRENT_LIST_DIR}/run_pytest.sh ${TORUS_PYTHON_EXECUTABLE} ${PROJECT_BINARY_DIR}/python
+                   ${CMAKE_CURRENT_LIST_DIR}/test_hf.py)
+  set_tests_properties(python_hf PROPERTIES TIMEOUT 300 LABELS "unit;python;checkpoint"
+                       ENVIRONMENT "TORUS_LOG_LEVEL=warn")
+
   # examples/python/train_gpt.py: --help, a bad flag, a PP=2 run on 2 ranks (metrics, log, TensorBoard, plot),
   # and torus-train with the same options writing the same records.
   add_test(NAME python_train_example

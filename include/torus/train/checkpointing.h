@@ -41,6 +41,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -75,10 +76,53 @@ struct LoadReport {
 LoadReport load_checkpoint(Trainer& trainer, const ckpt::Checkpoint& ckpt, const std::string& current_layout_json,
                            bool model_only = false);
 
+// ---- model weights from elsewhere (--init-from) ----------------------------
+//
+// Note [Weight sources]: a WeightSource answers, for a model parameter's bare
+// global name ("blocks.0.qkv.weight"), the full tensor in the global layout
+// (unpadded, on the CPU, any dtype) or "absent". The tensor is described by
+// its shape and a function that reads any box of it: a source over a
+// memory map returns strided views (a transpose, a narrow), or gathers just
+// the rows the box needs when the global layout is a permutation of the
+// source's, so that each rank copies — and touches the pages of — only its
+// slices. load_weights() fills every slice this rank holds: the box (zero
+// padding past the global shape), then the ZeRO flat range, converting the
+// dtype on the copy; a tied copy (alias_of) is read under the name it
+// copies, a half-precision run's fp32 master under its parameter's name.
+struct SourceTensor {
+  std::vector<int64_t> shape;  // the global shape it answers
+  std::string origin;          // where it comes from, for messages ("h.0.attn.c_attn.weight, transposed")
+  // The box [offset, offset + size) (inside `shape`): any dtype and strides.
+  std::function<at::Tensor(const std::vector<int64_t>& offset, const std::vector<int64_t>& size)> read;
+  // A source tensor over a whole tensor (a view or not): boxes are narrows of it.
+  static SourceTensor of(at::Tensor full, std::string origin);
+};
+
+class WeightSource {
+ public:
+  virtual ~WeightSource() = default;
+  // The tensor behind parameter `name`, or nullopt when the source lacks it.
+  // May throw CheckpointError (a source tensor of an impossible shape,
+  // naming it). Called from the loading thread only.
+  virtual std::optional<SourceTensor> find(const std::string& name) const = 0;
+  // The source, for messages ("model.safetensors", "Hugging Face gpt2 in DIR").
+  virtual std::string describe() const = 0;
+  // What the source looked for behind `name`, for the message of an absent one.
+  virtual std::string expected(const std::string& name) const { return "'" + name + "'"; }
+};
+
+// Fills this rank's slices of every model parameter (and fp32 master) from
+// `source` (Note [Weight sources]); optimizer state and counters are kept.
+// Every parameter must be found with its global shape: CheckpointError
+// naming the parameter and what the source holds (or looked for) for the
+// first that is not, before anything in the trainer changes. Not collective.
+void load_weights(Trainer& trainer, const WeightSource& source);
+
 // Model parameters from a plain safetensors file of full tensors under the
 // model's global names ("blocks.0.attn.qkv.weight"; a "model." prefix is
-// accepted): each rank takes its slices. Every parameter must be present
-// with its global shape (CheckpointError naming the first that is not).
+// accepted): each rank takes its slices, read through a memory map
+// (load_weights over the file). Every parameter must be present with its
+// global shape (CheckpointError naming the first that is not).
 void load_safetensors_weights(Trainer& trainer, const std::string& path);
 
 struct CheckpointPolicy {

@@ -21,6 +21,7 @@
 
 #include "checkpoint/file_io.h"
 #include "core/log.h"
+#include "torus/checkpoint/mapped_safetensors.h"
 #include "torus/comm/device_mesh.h"
 #include "torus/parallel/pipeline/schedule.h"
 
@@ -227,8 +228,22 @@ LoadReport load_checkpoint(Trainer& trainer, const ckpt::Checkpoint& ck, const s
   return p.report;
 }
 
-void load_safetensors_weights(Trainer& trainer, const std::string& path) {
-  std::map<std::string, at::Tensor> full = ckpt::read_safetensors(path);
+// ---------------------------------------------------------------------------
+// Weights from a WeightSource (Note [Weight sources])
+
+SourceTensor SourceTensor::of(at::Tensor full, std::string origin) {
+  SourceTensor t;
+  t.shape = full.sizes().vec();
+  t.origin = std::move(origin);
+  t.read = [full = std::move(full)](const std::vector<int64_t>& offset, const std::vector<int64_t>& size) {
+    at::Tensor v = full;
+    for (size_t d = 0; d < size.size(); ++d) v = v.narrow(static_cast<int64_t>(d), offset[d], size[d]);
+    return v;
+  };
+  return t;
+}
+
+void load_weights(Trainer& trainer, const WeightSource& source) {
   ckpt::ShardedState target = sharded_state(trainer, false);
   StateDict incoming = trainer.state_dict();
   for (auto& [key, s] : target) {
@@ -241,31 +256,67 @@ void load_safetensors_weights(Trainer& trainer, const std::string& path) {
       continue;
     }
     const std::string bare = name.substr(6);
-    auto it = full.find(bare);
-    if (it == full.end()) it = full.find(name);
-    TORUS_CHECK(it != full.end(), ckpt::CheckpointError, "{}: no tensor '{}' (the model's parameter {})", path, bare,
-                master ? "behind a master weight" : "");
-    TORUS_CHECK(it->second.sizes().vec() == s.global_shape, ckpt::CheckpointError,
-                "{}: '{}' has shape {}, the model's is [{}]", path, it->first, c10::str(it->second.sizes()),
-                fmt::join(s.global_shape, ", "));
+    const std::optional<SourceTensor> src = source.find(bare);
+    TORUS_CHECK(src.has_value(), ckpt::CheckpointError, "{}: no tensor for the model's parameter '{}'{} (looked for {})",
+                source.describe(), bare, master ? " (behind a master weight)" : "", source.expected(bare));
+    TORUS_CHECK(src->shape == s.global_shape, ckpt::CheckpointError,
+                "{}: {} has shape [{}] as the model's parameter '{}', whose shape is [{}]", source.describe(),
+                src->origin, fmt::join(src->shape, ", "), bare, fmt::join(s.global_shape, ", "));
     // This rank's slice: the box (zero-padded past the global shape), then
-    // the flat range under ZeRO.
-    at::Tensor box = at::zeros(s.box_shape, it->second.options());
-    at::Tensor src = it->second, dst = box;
+    // the flat range under ZeRO; only the box's part inside the global
+    // shape is read from the source.
+    at::Tensor box = at::zeros(s.box_shape, s.tensor.options().device(at::kCPU));
+    std::vector<int64_t> offset(s.box_shape.size()), size(s.box_shape.size());
+    at::Tensor dst = box;
+    bool empty = false;
     for (size_t d = 0; d < s.box_shape.size(); ++d) {
       const int64_t n = std::min(s.box_shape[d], s.global_shape[d] - s.box_offset[d]);
       if (n <= 0) {
-        src = at::Tensor();
+        empty = true;
         break;
       }
-      src = src.narrow(static_cast<int64_t>(d), s.box_offset[d], n);
+      offset[d] = s.box_offset[d];
+      size[d] = n;
       dst = dst.narrow(static_cast<int64_t>(d), 0, n);
     }
-    if (src.defined()) dst.copy_(src);
+    if (!empty) {
+      const at::Tensor part = src->read(offset, size);
+      TORUS_CHECK(part.sizes().vec() == size, ckpt::CheckpointError,
+                  "{}: {} gave a box of shape {} for '{}', [{}] was asked for", source.describe(), src->origin,
+                  c10::str(part.sizes()), bare, fmt::join(size, ", "));
+      dst.copy_(part);  // converts the dtype
+    }
     at::Tensor piece = s.flat_begin >= 0 ? box.reshape({-1}).slice(0, s.flat_begin, s.flat_end) : box;
-    incoming.at(key).tensor = piece.to(s.tensor.scalar_type()).view(s.tensor.sizes());
+    incoming.at(key).tensor = piece.view(s.tensor.sizes());
   }
   trainer.load_state_dict(incoming);
+}
+
+namespace {
+
+// A plain safetensors file of full tensors under the global names, mapped.
+class SafetensorsSource : public WeightSource {
+ public:
+  explicit SafetensorsSource(const std::string& path) : file_(ckpt::MappedSafetensors::open(path)) {}
+  std::optional<SourceTensor> find(const std::string& name) const override {
+    for (const std::string& n : {name, "model." + name}) {
+      if (file_->find(n) != nullptr) return SourceTensor::of(file_->tensor(n), "'" + n + "'");
+    }
+    return std::nullopt;
+  }
+  std::string describe() const override { return file_->path(); }
+  std::string expected(const std::string& name) const override {
+    return fmt::format("'{}' or 'model.{}'", name, name);
+  }
+
+ private:
+  std::shared_ptr<const ckpt::MappedSafetensors> file_;
+};
+
+}  // namespace
+
+void load_safetensors_weights(Trainer& trainer, const std::string& path) {
+  load_weights(trainer, SafetensorsSource(path));
 }
 
 // ---------------------------------------------------------------------------

@@ -16,6 +16,7 @@
 #include "torus/comm/context.h"
 #include "torus/device/device.h"
 #include "train/engine/run_data.h"
+#include "torus/train/hf.h"
 #include "torus/train/lr_schedule.h"
 #include "torus/train/metrics.h"
 #include "torus/train/model.h"
@@ -207,7 +208,13 @@ TrainLoop::TrainLoop(comm::ProcessGroupPtr world, RunConfig config, std::string 
     m.run_desc.options = c.to_json();
   }
   if (!c.init_from.empty()) {
-    load_safetensors_weights(*m.trainer, c.init_from);
+    // A directory with a config.json is a Hugging Face model (train/hf.h);
+    // anything else a safetensors file of Torus's global names.
+    if (std::filesystem::is_regular_file(std::filesystem::path(c.init_from) / "config.json")) {
+      load_hf_weights(*m.trainer, c.init_from);
+    } else {
+      load_safetensors_weights(*m.trainer, c.init_from);
+    }
     if (m.world->rank() == 0) TORUS_LOG_INFO("init: model weights from {}", c.init_from);
   }
   if (!c.resume.empty()) {

@@ -1,0 +1,111 @@
+"""Hugging Face interop against the transformers package itself, one process.
+
+* Export: a Llama (GQA, untied) and a GPT trained a few steps by TrainLoop,
+  written by ``torus-ckpt export-hf``, load with ``from_pretrained``; the
+  loss transformers computes on a batch equals Torus's ``evaluate`` on it.
+* Import: a randomly initialised ``LlamaForCausalLM`` / ``GPT2LMHeadModel``
+  saved with ``save_pretrained`` starts a TrainLoop (``init_from=DIR``) whose
+  ``evaluate`` equals the transformers loss; the weights are not Torus's
+  initial ones.
+Tolerances are f32's (both sides compute in f32 with other kernels).
+"""
+import json
+import pathlib
+import subprocess
+
+import pytest
+import torch
+
+import torus
+from torus import train
+
+transformers = pytest.importorskip("transformers")
+
+BIN = pathlib.Path(torus.__file__).resolve().parents[2] / "bin"
+COMMON = dict(seq=16, batch=4, micro_batches=1, warmup=1, eval_interval=0, eval_batches=1, tensorboard=False,
+              progress="off", peak_tflops=1.0, threads=1)
+RTOL = 2e-5
+
+
+@pytest.fixture(scope="module")
+def world():
+    return torus.init()
+
+
+def batch(vocab, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (4, 17), generator=g)
+
+
+def hf_loss(model, tokens):
+    # Torus's evaluate reads tokens [:, :-1] and predicts [:, 1:]: the same here.
+    model.eval()
+    with torch.no_grad():
+        logits = model(input_ids=tokens[:, :-1]).logits
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)).float(),
+                                                 tokens[:, 1:].reshape(-1)).item()
+
+
+@pytest.mark.parametrize("model,extra", [("llama-tiny", dict(tie_embeddings=False)), ("gpt", dict(layers=2))])
+def test_export_loads_in_transformers_with_the_same_loss(world, tmp_path, model, extra):
+    loop = train.TrainLoop(world, train.RunConfig(model=model, out=str(tmp_path / "run"), steps=3, save_every=3,
+                                                  **COMMON, **extra))
+    loop.run()
+    ck = tmp_path / "run" / "checkpoints" / "step-00000003"
+    out = tmp_path / "hf"
+    r = subprocess.run([str(BIN / "torus-ckpt"), "export-hf", str(ck), str(out)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == ("llama" if model.startswith("llama") else "gpt2")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32, use_kernels=False)
+    tokens = batch(256, 11)
+    want = hf_loss(hf, tokens)
+    got = loop.trainer().evaluate(tokens)
+    assert got == pytest.approx(want, rel=RTOL)
+    if model.startswith("llama"):
+        assert hf.config.num_key_value_heads == 2 and not hf.config.tie_word_embeddings
+
+
+def test_bad_export_is_refused(tmp_path):
+    r = subprocess.run([str(BIN / "torus-ckpt"), "export-hf", str(tmp_path / "missing"), str(tmp_path / "o")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "torus-ckpt:" in r.stderr
+
+
+def hf_llama(tmp_path):
+    cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                                   rms_norm_eps=1e-5, tie_word_embeddings=False, attention_bias=False,
+                                   mlp_bias=False)
+    torch.manual_seed(5)
+    m = transformers.LlamaForCausalLM(cfg)
+    m.save_pretrained(str(tmp_path / "hf-llama"))
+    return m, tmp_path / "hf-llama"
+
+
+def hf_gpt2(tmp_path):
+    cfg = transformers.GPT2Config(vocab_size=256, n_positions=64, n_embd=32, n_layer=2, n_head=4,
+                                  activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    torch.manual_seed(6)
+    m = transformers.GPT2LMHeadModel(cfg)
+    m.save_pretrained(str(tmp_path / "hf-gpt2"))
+    return m, tmp_path / "hf-gpt2"
+
+
+@pytest.mark.parametrize("which", ["llama", "gpt2"])
+def test_init_from_a_transformers_directory(world, tmp_path, which):
+    if which == "llama":
+        hf, d = hf_llama(tmp_path)
+        cfg = dict(model="llama-tiny", tie_embeddings=False)
+    else:
+        hf, d = hf_gpt2(tmp_path)
+        cfg = dict(model="gpt", layers=2, hidden=32, heads=4, dropout=0.0)
+    loop = train.TrainLoop(world, train.RunConfig(out=str(tmp_path / "run"), init_from=str(d), steps=1, **COMMON,
+                                                  **cfg))
+    tokens = batch(256, 12)
+    assert loop.trainer().evaluate(tokens) == pytest.approx(hf_loss(hf, tokens), rel=RTOL)
+    # The weights are transformers' (not a Torus initialisation that happens to
+    # give a near-uniform loss too).
+    word = loop.trainer().gather_local_parameters()["embedding.word.weight"]
+    assert torch.equal(word, hf.get_input_embeddings().weight.detach())
