@@ -99,34 +99,6 @@ LlamaConfig LlamaConfig::tiny() {
   return c;
 }
 
-LlamaConfig LlamaConfig::l125m() {
-  LlamaConfig c;
-  c.vocab_size = 32000;
-  c.max_seq_len = 2048;
-  c.num_layers = 12;
-  c.hidden = 768;
-  c.num_heads = 12;
-  c.num_kv_heads = 4;
-  c.ffn_hidden = 2048;
-  return c;
-}
-
-LlamaConfig LlamaConfig::l1b() {
-  LlamaConfig c;
-  c.vocab_size = 128256;
-  c.max_seq_len = 2048;
-  c.num_layers = 16;
-  c.hidden = 2048;
-  c.num_heads = 32;
-  c.num_kv_heads = 8;
-  c.head_dim = 64;
-  c.ffn_hidden = 8192;
-  c.rope_theta = 500000.0;
-  c.rope_scaling = {"llama3", 32.0, 1.0, 4.0, 8192};
-  c.tie_embeddings = true;
-  return c;
-}
-
 // --- rotary embeddings ------------------------------------------------------------------
 
 std::pair<at::Tensor, at::Tensor> rotary_tables(const LlamaConfig& c, int64_t seq_len, c10::Device device) {

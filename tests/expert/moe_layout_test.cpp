@@ -20,6 +20,7 @@
 
 #include "checkpoint/file_io.h"
 #include "parallel/parallel_test_util.h"
+#include "support/job_dir.h"
 #include "torus/train/train_loop.h"
 
 namespace torus::train {
@@ -28,22 +29,7 @@ namespace {
 namespace fs = std::filesystem;
 using testing::world;
 
-std::string job_dir(const std::string& name) {
-  static std::string base;
-  if (base.empty()) {
-    at::Tensor id = at::full({1}, world()->rank() == 0 ? static_cast<int64_t>(::getpid()) : 0,
-                             at::TensorOptions().dtype(at::kLong));
-    if (world()->size() > 1) world()->all_reduce(id)->wait();
-    base = (fs::path(::testing::TempDir()) / ("torus_moe_job_" + std::to_string(id.item<int64_t>()))).string();
-  }
-  const std::string p = (fs::path(base) / name).string();
-  if (world()->rank() == 0) {
-    ckpt::remove_tree(p);
-    fs::create_directories(p);
-  }
-  world()->barrier()->wait();
-  return p;
-}
+std::string job_dir(const std::string& name) { return testing::job_dir("torus_moe_job", name); }
 
 RunConfig moe_config(const std::string& out, double capacity_factor) {
   RunConfig c;

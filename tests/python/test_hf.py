@@ -3,6 +3,8 @@
 * Export: a Llama (GQA, untied) and a GPT trained a few steps by TrainLoop,
   written by ``torus-ckpt export-hf``, load with ``from_pretrained``; the
   loss transformers computes on a batch equals Torus's ``evaluate`` on it.
+* A model whose head split or rotary embedding differs from the
+  directory's is refused before loading (the shapes alone would not show it).
 * Import: a randomly initialised ``LlamaForCausalLM`` / ``GPT2LMHeadModel``
   saved with ``save_pretrained`` starts a TrainLoop (``init_from=DIR``) whose
   ``evaluate`` equals the transformers loss; the weights are not Torus's
@@ -73,11 +75,11 @@ def test_bad_export_is_refused(tmp_path):
     assert r.returncode == 1 and "torus-ckpt:" in r.stderr
 
 
-def hf_llama(tmp_path):
+def hf_llama(tmp_path, **rope):
     cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
                                    rms_norm_eps=1e-5, tie_word_embeddings=False, attention_bias=False,
-                                   mlp_bias=False)
+                                   mlp_bias=False, **rope)
     torch.manual_seed(5)
     m = transformers.LlamaForCausalLM(cfg)
     m.save_pretrained(str(tmp_path / "hf-llama"))
@@ -109,3 +111,15 @@ def test_init_from_a_transformers_directory(world, tmp_path, which):
     # give a near-uniform loss too).
     word = loop.trainer().gather_local_parameters()["embedding.word.weight"]
     assert torch.equal(word, hf.get_input_embeddings().weight.detach())
+
+
+def test_init_from_refuses_another_rotary_or_head_split(world, tmp_path):
+    hf, d = hf_llama(tmp_path, rope_parameters={"rope_type": "default", "rope_theta": 500000.0})
+    cfg = dict(model="llama-tiny", tie_embeddings=False, init_from=str(d), steps=1, **COMMON)
+    with pytest.raises(torus.InvalidArgument, match="rope_theta 500000"):
+        train.TrainLoop(world, train.RunConfig(out=str(tmp_path / "a"), **cfg))
+    with pytest.raises(torus.InvalidArgument, match="key/value heads"):
+        train.TrainLoop(world, train.RunConfig(out=str(tmp_path / "b"), rope_theta=500000.0, kv_heads=4, **cfg))
+    loop = train.TrainLoop(world, train.RunConfig(out=str(tmp_path / "c"), rope_theta=500000.0, **cfg))
+    tokens = batch(256, 13)
+    assert loop.trainer().evaluate(tokens) == pytest.approx(hf_loss(hf, tokens), rel=RTOL)

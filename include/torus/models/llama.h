@@ -116,8 +116,8 @@ struct LlamaConfig {
 
   // Presets (docs/models.md).
   static LlamaConfig tiny();   // 2 layers, width 32, 4 heads / 2 kv heads, ffn 64, seq 16, vocab 61 (tests)
-  static LlamaConfig l125m();  // 12 layers, width 768, 12 heads / 4 kv heads, ffn 2048, seq 2048, vocab 32000
-  static LlamaConfig l1b();    // Llama 3.2 1B's shape: 16 layers, width 2048, 32 / 8 heads, ffn 8192, vocab 128256, tied
+  // The published shapes (llama-125m, llama-1b, ...) are the model presets of
+  // train/model_presets.h, the one table torus-train and Python read.
 };
 
 // The rotary tables of one sequence length: cos and sin [s, d] in f32 (Note

@@ -9,6 +9,7 @@
 #include "torus/checkpoint/mapped_safetensors.h"
 #include "torus/train/gpt_model.h"
 #include "torus/train/hf.h"
+#include "torus/train/llama_model.h"
 
 namespace torus::train {
 namespace {
@@ -263,10 +264,34 @@ void load_hf_weights(Trainer& trainer, const std::string& dir) {
     }
     max_seq = g.max_seq_len;
   } else {
-    // The Llama adapter's configuration is checked by the shapes here (a
-    // different head count of the same width is not visible in them).
-    TORUS_CHECK(model == "llama", InvalidArgument,
+    // Sizes are checked by the tensors' shapes; what the shapes do not show
+    // (the head split of the same width, the rotary embedding) here, since a
+    // model that differs there computes other logits from the same weights.
+    const auto* lm = dynamic_cast<const LlamaModel*>(&trainer.model());
+    TORUS_CHECK(model == "llama" && lm != nullptr, InvalidArgument,
                 "hf: {} holds a Llama model, the trainer's model is '{}' (needs llama)", dir, model);
+    const models::LlamaConfig& l = lm->config();
+    const models::LlamaConfig& h = hf.llama;
+    TORUS_CHECK(l.num_heads == h.num_heads && l.kv_heads() == h.kv_heads() && l.dim_per_head() == h.dim_per_head(),
+                InvalidArgument,
+                "hf: {} has {} attention heads, {} key/value heads of {}; the model {}, {} of {} (--heads, --kv-heads)",
+                dir, h.num_heads, h.kv_heads(), h.dim_per_head(), l.num_heads, l.kv_heads(), l.dim_per_head());
+    TORUS_CHECK(l.rope_theta == h.rope_theta, InvalidArgument,
+                "hf: {} has rope_theta {}, the model {} (--rope-theta)", dir, h.rope_theta, l.rope_theta);
+    const models::RopeScaling &a = l.rope_scaling, &b = h.rope_scaling;
+    const bool same_scaling = a.type == b.type &&
+                              (a.type == "none" || (a.factor == b.factor && (a.type != "llama3" ||
+                                                                             (a.low_freq_factor == b.low_freq_factor &&
+                                                                              a.high_freq_factor == b.high_freq_factor &&
+                                                                              a.original_max_position ==
+                                                                                  b.original_max_position))));
+    TORUS_CHECK(same_scaling, InvalidArgument,
+                "hf: {} has RoPE scaling '{}' (factor {}), the model '{}' (factor {}): the rotary embedding differs "
+                "(a model preset with that scaling, e.g. llama-1b)",
+                dir, b.type, b.factor, a.type, a.factor);
+    if (l.rms_eps != h.rms_eps && trainer.mesh().world()->rank() == 0) {
+      TORUS_LOG_WARN("hf: {} has rms_norm_eps {}, the model {}", dir, h.rms_eps, l.rms_eps);
+    }
   }
   auto source = std::make_unique<HfSource>(dir, hf, max_seq);
   if (trainer.mesh().world()->rank() == 0) {
