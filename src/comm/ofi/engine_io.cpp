@@ -322,9 +322,14 @@ void Engine::handle_control(Request* r) {
       }
       for (auto& g : groups_) {
         if (g->context != m.context) continue;
-        if (g->set_broken(fmt::format("rank {} (world rank {}) aborted group '{}': {}", m.from_rank, m.from_world,
-                                      g->name, m.reason))) {
+        const std::string why =
+            fmt::format("rank {} (world rank {}) aborted group '{}': {}", m.from_rank, m.from_world, g->name, m.reason);
+        if (g->set_broken(why)) {
           TORUS_LOG_WARN("ofi: group '{}' aborted by rank {}: {}", g->name, m.from_rank, m.reason);
+          // Pass the cause on to this host's members waiting in shared
+          // memory: a peer that fails and exits now must not leave them to
+          // find only its own exit (they would name it, not the cause).
+          if (g->on_announce) g->on_announce(why);
         }
       }
     }
