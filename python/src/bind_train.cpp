@@ -18,11 +18,11 @@
 #include <vector>
 
 #include "bindings.h"
+#include "torus/checkpoint/checkpoint.h"
 #include "torus/comm/process_group.h"
 #include "torus/core/error.h"
 #include "torus/models/gpt.h"
 #include "torus/parallel/data/zero.h"
-#include "torus/checkpoint/checkpoint.h"
 #include "torus/train/checkpointing.h"
 #include "torus/train/corpus.h"
 #include "torus/train/gpt_model.h"
@@ -111,9 +111,8 @@ void bind_layout(py::module_& m) {
              return l;
            }),
            py::arg("tp") = 1, py::arg("pp") = 1, py::arg("dp") = 1, py::kw_only(), py::arg("ep") = 1,
-           py::arg("sequence_parallel") = false,
-           py::arg("schedule") = pp::ScheduleKind::k1F1B, py::arg("num_micro") = 1, py::arg("num_chunks") = 1,
-           py::arg("layers_per_stage") = std::vector<int64_t>{},
+           py::arg("sequence_parallel") = false, py::arg("schedule") = pp::ScheduleKind::k1F1B,
+           py::arg("num_micro") = 1, py::arg("num_chunks") = 1, py::arg("layers_per_stage") = std::vector<int64_t>{},
            "schedule: a torus.pipeline.ScheduleKind or its name (\"gpipe\", \"1f1b\", \"interleaved\", \"zb-h1\").")
       .def_readwrite("tp", &train::ParallelLayout::tp)
       .def_readwrite("pp", &train::ParallelLayout::pp)
@@ -260,13 +259,36 @@ void bind_trainer(py::module_& m) {
           "One optimizer step on [global_batch, seq + 1] int64 tokens, the same on every rank. lr < 0: the "
           "OptimizerConfig's. Collective; releases the GIL.")
       .def(
+          "local_rows", [](const Trainer& t, int64_t global_batch) { return t.local_rows(global_batch); },
+          py::arg("global_batch"),
+          "The rows of a global batch this rank's data rank trains on, in the order train_step_local takes them.")
+      .def(
+          "train_step_local",
+          [](Trainer& t, const at::Tensor& rows, int64_t global_batch, double lr) {
+            train::LocalBatch b{unpy(rows), global_batch};
+            py::gil_scoped_release release;
+            return t.train_step(b, lr);
+          },
+          py::arg("rows"), py::arg("global_batch"), py::arg("lr") = -1.0,
+          "train_step where this rank holds only its rows: rows[i] is row local_rows(global_batch)[i] of the global "
+          "batch. The same step as train_step on the whole batch. Collective; releases the GIL.")
+      .def(
+          "evaluate_local",
+          [](Trainer& t, const at::Tensor& rows, int64_t global_batch) {
+            train::LocalBatch b{unpy(rows), global_batch};
+            py::gil_scoped_release release;
+            return t.evaluate(b);
+          },
+          py::arg("rows"), py::arg("global_batch"), "evaluate on this rank's rows (as train_step_local).")
+      .def(
           "evaluate",
           [](Trainer& t, const at::Tensor& batch) {
             at::Tensor b = unpy(batch);
             py::gil_scoped_release release;
             return t.evaluate(b);
           },
-          py::arg("batch"), "Mean token loss without gradients (a forward-only schedule). Collective; releases the GIL.")
+          py::arg("batch"),
+          "Mean token loss without gradients (a forward-only schedule). Collective; releases the GIL.")
       .def(
           "gather_local_parameters",
           [](const Trainer& t) {
@@ -305,8 +327,8 @@ void bind_trainer(py::module_& m) {
           "coord", [](const Trainer& t, const std::string& dim) { return t.mesh().coord(dim); }, py::arg("dim"),
           "This rank's coordinate along a mesh dimension.");
 
-  py::class_<GPTTrainer, Trainer, std::shared_ptr<GPTTrainer>>(
-      m, "GPTTrainer", "The engine over the reference GPT (gpt_model.h).")
+  py::class_<GPTTrainer, Trainer, std::shared_ptr<GPTTrainer>>(m, "GPTTrainer",
+                                                               "The engine over the reference GPT (gpt_model.h).")
       .def(py::init([](comm::ProcessGroupPtr world, const py::object& config, train::ParallelLayout layout,
                        train::OptimizerConfig optim, train::TrainerOptions options) {
              models::GPTConfig native = native_config(config);
@@ -401,17 +423,18 @@ void bind_loop(py::module_& m) {
 
   py::class_<train::TrainLoop, std::shared_ptr<train::TrainLoop>>(
       m, "TrainLoop", "The training loop of torus-train (train_loop.h). Lines go to sys.stdout.")
-      .def(py::init([](comm::ProcessGroupPtr world, train::RunConfig config, std::string program) {
-             py::gil_scoped_release release;
-             auto loop = std::make_shared<train::TrainLoop>(std::move(world), std::move(config), std::move(program));
-             loop->set_line_sink([](std::string_view line) {
-               py::gil_scoped_acquire gil;
-               py::module_::import("builtins").attr("print")(py::str(line.data(), line.size()), py::arg("flush") = true);
-             });
-             return loop;
-           }),
-           py::arg("world"), py::arg("config"), py::arg("program") = "torus-train",
-           "Collective: validates the config, loads the data, builds the engine, measures the peak.")
+      .def(
+          py::init([](comm::ProcessGroupPtr world, train::RunConfig config, std::string program) {
+            py::gil_scoped_release release;
+            auto loop = std::make_shared<train::TrainLoop>(std::move(world), std::move(config), std::move(program));
+            loop->set_line_sink([](std::string_view line) {
+              py::gil_scoped_acquire gil;
+              py::module_::import("builtins").attr("print")(py::str(line.data(), line.size()), py::arg("flush") = true);
+            });
+            return loop;
+          }),
+          py::arg("world"), py::arg("config"), py::arg("program") = "torus-train",
+          "Collective: validates the config, loads the data, builds the engine, measures the peak.")
       .def(
           "on_step",
           [](train::TrainLoop& loop, py::function fn) {
@@ -555,8 +578,8 @@ void bind_checkpoint(py::module_& m) {
            py::arg("precision") = "f32", py::arg("model") = "{}", py::arg("data") = "{}")
       .def("save", &train::Checkpointer::save, py::arg("step"), py::arg("metrics") = "{}", Release(),
            "Saves now (collective; async: returns after the snapshot).")
-      .def("after_step", &train::Checkpointer::after_step, py::arg("step"), py::arg("last"),
-           py::arg("metrics") = "{}", Release())
+      .def("after_step", &train::Checkpointer::after_step, py::arg("step"), py::arg("last"), py::arg("metrics") = "{}",
+           Release())
       .def("wait", &train::Checkpointer::wait, Release(),
            "Waits for a background save and agrees on its success (collective).")
       .def_property_readonly("last_stall_s", &train::Checkpointer::last_stall_s)

@@ -148,6 +148,10 @@ def test_train_loop_on_token_data(world, tmp_path):
     manifest = json.loads((tmp_path / "a" / "checkpoints" / "step-00000030" / "manifest.json").read_text())
     assert manifest["data"]["kind"] == "tokens" and manifest["data"]["tokens"] == 8 * 40 * 12
     assert manifest["data"]["vocab_size"] == 300 and manifest["model"]["family"] == "llama"
+    # Where the sampler stands: 30 steps of 8 rows, in epochs of samples_per_epoch windows.
+    pos = manifest["data"]
+    assert pos["samples_consumed"] == 30 * 8 and pos["samples_per_epoch"] > 0
+    assert pos["epoch"] == 240 // pos["samples_per_epoch"] and pos["sample_in_epoch"] == 240 % pos["samples_per_epoch"]
     config = [json.loads(l) for l in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()][0]
     assert config["data"]["kind"] == "tokens" and config["data"]["source"] == str(tok)
 

@@ -404,6 +404,26 @@ def test_gpt_trainer_recompute_equals_no_recompute(world):
         models.GPTConfig(recompute="sometimes").to_native()
 
 
+def test_gpt_trainer_on_this_ranks_rows_equals_the_whole_batch(world):
+    # dp = world size, 2 micro-batches: each rank trains on local_rows only
+    # and gets the losses, norms and evaluation of training on the whole batch.
+    cfg = gpt_config()
+    layout = train.ParallelLayout(dp=world.size, num_micro=2)
+    whole = train.GPTTrainer(world, cfg, layout, train.OptimizerConfig(lr=LR))
+    local = train.GPTTrainer(world, cfg, layout, train.OptimizerConfig(lr=LR))
+    rows = local.local_rows(ROWS)
+    assert len(rows) == ROWS // world.size and len(set(rows)) == len(rows)
+    for step in range(2):
+        batch = gpt_batch(cfg, step)
+        a = whole.train_step(batch)
+        b = local.train_step_local(batch[rows], ROWS)
+        assert (a.loss, a.grad_norm) == (b.loss, b.grad_norm)
+    batch = gpt_batch(cfg, 9)
+    assert whole.evaluate(batch) == local.evaluate_local(batch[rows], ROWS)
+    with pytest.raises(torus.InvalidArgument):
+        local.train_step_local(batch[rows[:1]], ROWS)
+
+
 # ---- the option table from Python ---------------------------------------------------------
 
 

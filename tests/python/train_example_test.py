@@ -86,7 +86,7 @@ def main():
     check(r.returncode == 0, f"torus-train failed ({r.returncode}):\n{r.stderr[-4000:]}")
     cpp = [json.loads(l) for l in open(os.path.join(out_cpp, "metrics.jsonl"))]
     timing = {"tokens_per_s", "mfu", "step_s", "pipeline_s", "sync_s", "wall_s", "mem_bytes", "peak_rss_bytes",
-              "job_peak_rss_bytes"}
+              "job_peak_rss_bytes", "data_s", "data_fraction"}
 
     def strip(rec):
         rec = {k: v for k, v in rec.items() if k not in timing}

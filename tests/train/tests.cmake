@@ -48,6 +48,13 @@ foreach(_case "2:Zero.MatchesDataParallelOnDp:Zero.RecomputeGathersAgain:Zero.Of
                      ARGS --gtest_filter=${_filter} LABELS "train;zero" TIMEOUT 600)
 endforeach()
 
+# Each data rank reads only its rows (local_batch_test.cpp): local_rows
+# covers the batch once over the data ranks, and LocalBatch trains bit for
+# bit as the whole batch in dp4, tp2 x dp2 and pp2 x dp2.
+add_executable(torus_local_batch_tests ${CMAKE_CURRENT_LIST_DIR}/local_batch_test.cpp)
+target_link_libraries(torus_local_batch_tests PRIVATE torus_test_main torus)
+torus_add_mpi_test(NAME train_local_batch_np4 TARGET torus_local_batch_tests NP 4 LABELS "train" TIMEOUT 300)
+
 # The memory estimate and pre-check against closed forms from the GPT's
 # dimensions (ZeRO stages 0-3 at N = 2 and 4, offload, dtypes, TP/SP,
 # pipeline stages, recompute), the pre-check's refusal and --force, and the

@@ -127,9 +127,9 @@ void load_safetensors_weights(Trainer& trainer, const std::string& path);
 
 struct CheckpointPolicy {
   std::string dir;
-  int64_t every = 0;     // steps between saves (0: none)
-  bool final = false;    // save at the end
-  int keep_last = 0;     // 0: keep all
+  int64_t every = 0;   // steps between saves (0: none)
+  bool final = false;  // save at the end
+  int keep_last = 0;   // 0: keep all
   bool async = false;
   double peer_timeout_s = 600;
 };
@@ -140,6 +140,10 @@ struct RunDescription {
   std::string model = "{}";
   std::string data = "{}";
   std::string options = "{}";
+  // Where the data stream stands after `step` steps (JSON object text, e.g.
+  // {"epoch": 1, "sample_in_epoch": 40, ...}), merged into the manifest's
+  // data record of the checkpoint of that step; unset: only the step.
+  std::function<std::string(int64_t step)> data_position;
 };
 
 // Saves a run's checkpoints by a policy (Note [Save consistency]).

@@ -59,8 +59,8 @@
 #include <string_view>
 
 #include "torus/comm/process_group.h"
-#include "torus/train/memory_plan.h"
 #include "torus/parallel/expert/routing_stats.h"
+#include "torus/train/memory_plan.h"
 #include "torus/train/run_config.h"
 #include "torus/train/trainer.h"
 
@@ -95,6 +95,7 @@ struct StepRecord {
   double mfu = std::numeric_limits<double>::quiet_NaN();
   double mem_bytes = 0;  // peak resident set size, max over ranks
   double step_s = 0;
+  double data_s = 0;  // reading this rank's rows of the batch (rank 0's in the log), outside step_s
   double pipeline_s = 0;
   double sync_s = 0;
   bool skipped = false;
@@ -107,7 +108,8 @@ struct StepRecord {
 struct RunSummary {
   int64_t steps = 0;
   double wall_s = 0;
-  double tokens_per_s = 0;  // tokens of the run / seconds inside train_step
+  double tokens_per_s = 0;   // tokens of the run / seconds inside train_step
+  double data_fraction = 0;  // seconds reading batches / seconds inside train_step, max over ranks
   double first_loss = 0;
   double final_loss = 0;
   double final_val_loss = std::numeric_limits<double>::quiet_NaN();

@@ -66,13 +66,13 @@
 #include <string>
 #include <vector>
 
+#include "torus/amp/loss_scaler.h"
 #include "torus/comm/device_mesh.h"
 #include "torus/comm/process_group.h"
-#include "torus/parallel/pipeline/executor.h"
-#include "torus/parallel/pipeline/schedule.h"
-#include "torus/amp/loss_scaler.h"
 #include "torus/parallel/data/zero.h"
 #include "torus/parallel/expert/routing_stats.h"
+#include "torus/parallel/pipeline/executor.h"
+#include "torus/parallel/pipeline/schedule.h"
 #include "torus/train/model.h"
 
 namespace torus::train {
@@ -105,13 +105,13 @@ struct ParallelLayout {
 
 struct OptimizerConfig {
   std::string name = "adamw";  // sgd | adam | adamw (optim::make_optimizer)
-  double lr = 3e-4;  // used when train_step is given lr < 0
-  double weight_decay = 0.1;  // on the parameters the model marks (matrices, embeddings)
+  double lr = 3e-4;            // used when train_step is given lr < 0
+  double weight_decay = 0.1;   // on the parameters the model marks (matrices, embeddings)
   double beta1 = 0.9;
   double beta2 = 0.95;
   double eps = 1e-8;
-  double momentum = 0.0;  // sgd
-  bool nesterov = false;  // sgd
+  double momentum = 0.0;   // sgd
+  bool nesterov = false;   // sgd
   double grad_clip = 1.0;  // max global L2 norm; 0: no clipping
 };
 
@@ -150,19 +150,19 @@ struct TrainerOptions {
 };
 
 struct StepStats {
-  int64_t step = 0;        // steps taken so far, this one included
-  double loss = 0;         // mean token loss over the global batch
-  double grad_norm = 0;    // global norm before clipping
+  int64_t step = 0;      // steps taken so far, this one included
+  double loss = 0;       // mean token loss over the global batch
+  double grad_norm = 0;  // global norm before clipping
   double clip_coefficient = 1;
-  bool skipped = false;    // non-finite gradient norm: no update
-  double seconds = 0;      // wall time of train_step on this rank
+  bool skipped = false;         // non-finite gradient norm: no update
+  double seconds = 0;           // wall time of train_step on this rank
   double pipeline_seconds = 0;  // of which running the schedule
   double sync_seconds = 0;      // waiting for DP / tied-parameter sync, clipping, the optimizer
-  int64_t tokens = 0;      // tokens in the global batch
-  int peak_live = 0;       // max micro-batches alive on this rank (executor)
-  double loss_scale = 1;   // the scale this step's backward used (f16; 1 otherwise)
-  bool overflow = false;   // f16: an inf/NaN gradient on some rank skipped the step
-  int64_t skipped_steps = 0;  // steps skipped so far (overflow or non-finite norm)
+  int64_t tokens = 0;           // tokens in the global batch
+  int peak_live = 0;            // max micro-batches alive on this rank (executor)
+  double loss_scale = 1;        // the scale this step's backward used (f16; 1 otherwise)
+  bool overflow = false;        // f16: an inf/NaN gradient on some rank skipped the step
+  int64_t skipped_steps = 0;    // steps skipped so far (overflow or non-finite norm)
   // MoE models: the step's routing statistics of every MoE layer (the same
   // on every rank); empty for a dense model.
   expert::RoutingSummary routing;
@@ -187,6 +187,13 @@ struct StateTensor {
 };
 using StateDict = std::map<std::string, StateTensor>;
 
+// This rank's share of a global batch: rows[i] is row local_rows(global_batch)[i]
+// of the global batch ([local rows, seq + 1] int64 tokens).
+struct LocalBatch {
+  at::Tensor rows;
+  int64_t global_batch = 0;
+};
+
 class Trainer {
  public:
   // Collective over `world`: builds the mesh and its groups, the stage
@@ -206,10 +213,23 @@ class Trainer {
   // same StepStats on every rank (times are this rank's).
   StepStats train_step(const at::Tensor& batch, double lr = -1);
 
+  // The rows of a global batch of `global_batch` rows that this rank's data
+  // rank (dp x ep) trains on, in the order a LocalBatch holds them (Note
+  // [Micro-batch rows]): a sampler reads only these (TokenSampler::rows_at)
+  // instead of the whole batch. The same on every tp and pp rank of a data
+  // rank. InvalidArgument when global_batch does not split into dp x
+  // num_micro equal parts.
+  std::vector<int64_t> local_rows(int64_t global_batch) const;
+
+  // As train_step(batch) where every rank holds only its own rows: the same
+  // step, bit for bit.
+  StepStats train_step(const LocalBatch& batch, double lr = -1);
+
   // Mean token loss of `batch` (same shape rules) without gradients: a
   // forward-only schedule (pp::forward_only) run by the pipeline executor.
   // Collective; same value on every rank.
   double evaluate(const at::Tensor& batch);
+  double evaluate(const LocalBatch& batch);
 
   // Full (TP-gathered, unpadded) tensors of the parameters this rank holds,
   // by global name; a stage's copy of another stage's parameter under its

@@ -2,21 +2,20 @@
 // slices, loading into any layout, the save policy and resuming.
 #include "torus/train/checkpointing.h"
 
+#include <ATen/Functions.h>
+#include <c10/util/irange.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
-#include <ATen/Functions.h>
-#include <c10/util/irange.h>
-
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <filesystem>
 #include <fstream>
-#include <nlohmann/json.hpp>
-#include <condition_variable>
 #include <mutex>
-#include <random>
+#include <nlohmann/json.hpp>
 #include <optional>
+#include <random>
 #include <thread>
 
 #include "checkpoint/file_io.h"
@@ -32,9 +31,13 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-bool starts_with(const std::string& s, const char* prefix) { return s.rfind(prefix, 0) == 0; }
+bool starts_with(const std::string& s, const char* prefix) {
+  return s.rfind(prefix, 0) == 0;
+}
 
-double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
 
 int64_t all_reduce_long(const comm::ProcessGroupPtr& world, int64_t v, comm::ReduceOp op) {
   at::Tensor t = at::full({1}, v, at::TensorOptions().dtype(at::kLong));
@@ -104,8 +107,8 @@ Prepared prepare_load(Trainer& trainer, const ckpt::Checkpoint& ck, const std::s
       throw ckpt::CheckpointError(fmt::format(
           "checkpoint: {} has no tensor '{}' that this model needs: it holds another model", ck.path(), key));
     }
-    throw ckpt::CheckpointError(fmt::format("checkpoint: {} has no '{}' (optimizer state or counters of this run)",
-                                            ck.path(), key));
+    throw ckpt::CheckpointError(
+        fmt::format("checkpoint: {} has no '{}' (optimizer state or counters of this run)", ck.path(), key));
   }
   p.incoming = mine;
   for (auto& [key, st] : p.incoming) {
@@ -141,8 +144,8 @@ ckpt::ShardedState sharded_state(const Trainer& trainer, bool for_save) {
     for (const bool experts : {false, true}) {
       std::vector<std::pair<int64_t, std::string>> sizes;
       for (const auto& [key, st] : state) {
-        if ((key.rfind("model.", 0) == 0 || key.rfind("optim.", 0) == 0) && st.tensor.dim() > 0 &&
-            st.flat_offset < 0 && st.tied_to.empty() && st.expert == experts) {
+        if ((key.rfind("model.", 0) == 0 || key.rfind("optim.", 0) == 0) && st.tensor.dim() > 0 && st.flat_offset < 0 &&
+            st.tied_to.empty() && st.expert == experts) {
           sizes.emplace_back(st.tensor.numel() * static_cast<int64_t>(st.tensor.element_size()), key);
         }
       }
@@ -171,8 +174,8 @@ ckpt::ShardedState sharded_state(const Trainer& trainer, bool for_save) {
     s.box_shape = shard;
     if (st.spec.sharded() && st.tensor.dim() > 0) {
       const int d = st.spec.dim;
-      TORUS_CHECK(d < static_cast<int>(shard.size()), InvalidArgument, "checkpoint: '{}' is split on dimension {} of {}",
-                  key, d, shard.size());
+      TORUS_CHECK(d < static_cast<int>(shard.size()), InvalidArgument,
+                  "checkpoint: '{}' is split on dimension {} of {}", key, d, shard.size());
       s.box_offset[d] = int64_t{tp_rank} * shard[d];
       s.global_shape[d] = st.spec.full_size >= 0 ? st.spec.full_size : shard[d] * tp_size;
     }
@@ -257,8 +260,9 @@ void load_weights(Trainer& trainer, const WeightSource& source) {
     }
     const std::string bare = name.substr(6);
     const std::optional<SourceTensor> src = source.find(bare);
-    TORUS_CHECK(src.has_value(), ckpt::CheckpointError, "{}: no tensor for the model's parameter '{}'{} (looked for {})",
-                source.describe(), bare, master ? " (behind a master weight)" : "", source.expected(bare));
+    TORUS_CHECK(src.has_value(), ckpt::CheckpointError,
+                "{}: no tensor for the model's parameter '{}'{} (looked for {})", source.describe(), bare,
+                master ? " (behind a master weight)" : "", source.expected(bare));
     TORUS_CHECK(src->shape == s.global_shape, ckpt::CheckpointError,
                 "{}: {} has shape [{}] as the model's parameter '{}', whose shape is [{}]", source.describe(),
                 src->origin, fmt::join(src->shape, ", "), bare, fmt::join(s.global_shape, ", "));
@@ -305,9 +309,7 @@ class SafetensorsSource : public WeightSource {
     return std::nullopt;
   }
   std::string describe() const override { return file_->path(); }
-  std::string expected(const std::string& name) const override {
-    return fmt::format("'{}' or 'model.{}'", name, name);
-  }
+  std::string expected(const std::string& name) const override { return fmt::format("'{}' or 'model.{}'", name, name); }
 
  private:
   std::shared_ptr<const ckpt::MappedSafetensors> file_;
@@ -350,6 +352,10 @@ struct Checkpointer::Impl {
     i.model = run.model;
     Json data = Json::parse(run.data);
     data["position"] = step;  // batches drawn: the sampler is a function of the step
+    if (run.data_position) {
+      const Json position = Json::parse(run.data_position(step));  // named: items() refers into it
+      for (const auto& [key, v] : position.items()) data[key] = v;
+    }
     i.data = data.dump();
     i.metrics = metrics;
     i.options = run.options;
@@ -451,8 +457,7 @@ struct Checkpointer::Impl {
   }
 };
 
-Checkpointer::Checkpointer(comm::ProcessGroupPtr world, Trainer& trainer, CheckpointPolicy policy,
-                           RunDescription run)
+Checkpointer::Checkpointer(comm::ProcessGroupPtr world, Trainer& trainer, CheckpointPolicy policy, RunDescription run)
     : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
   TORUS_CHECK(world != nullptr && !policy.dir.empty(), InvalidArgument,
@@ -502,9 +507,10 @@ Checkpointer::Checkpointer(comm::ProcessGroupPtr world, Trainer& trainer, Checkp
         }
       }
       if (!later.empty()) {
-        TORUS_LOG_WARN("checkpoint: {} holds checkpoints of later steps ({}) than this run's {}: an earlier run's; "
-                       "this run replaces those of the steps it saves, and --resume auto would pick the newest",
-                       m.policy.dir, fmt::join(later, ", "), trainer.steps_taken());
+        TORUS_LOG_WARN(
+            "checkpoint: {} holds checkpoints of later steps ({}) than this run's {}: an earlier run's; "
+            "this run replaces those of the steps it saves, and --resume auto would pick the newest",
+            m.policy.dir, fmt::join(later, ", "), trainer.steps_taken());
       }
     } catch (const ckpt::CheckpointError& e) {
       problem = e.what();
@@ -543,8 +549,8 @@ void Checkpointer::save(int64_t step, const std::string& metrics_json) {
     // update (Note [Save consistency]).
     ckpt::ShardedState now, later;
     for (auto& [key, sl] : state) {
-      const bool small = !sl.tensor.defined() || sl.tensor.numel() <= (int64_t{1} << 16) ||
-                         key.rfind("rng.", 0) == 0 || key.rfind("engine.", 0) == 0 || key.rfind("scaler.", 0) == 0;
+      const bool small = !sl.tensor.defined() || sl.tensor.numel() <= (int64_t{1} << 16) || key.rfind("rng.", 0) == 0 ||
+                         key.rfind("engine.", 0) == 0 || key.rfind("scaler.", 0) == 0;
       (small ? now : later)[key] = std::move(sl);
     }
     auto snap = std::make_shared<ckpt::ShardedState>(ckpt::snapshot(now));
@@ -585,11 +591,21 @@ void Checkpointer::save(int64_t step, const std::string& metrics_json) {
   m.stall_s = m.save_s = seconds_since(t0);
 }
 
-void Checkpointer::wait() { impl_->join_pending(); }
-double Checkpointer::last_stall_s() const { return impl_->stall_s; }
-double Checkpointer::last_save_s() const { return impl_->save_s; }
-const std::string& Checkpointer::last_path() const { return impl_->last_path; }
-const std::string& Checkpointer::run_id() const { return impl_->run_id; }
+void Checkpointer::wait() {
+  impl_->join_pending();
+}
+double Checkpointer::last_stall_s() const {
+  return impl_->stall_s;
+}
+double Checkpointer::last_save_s() const {
+  return impl_->save_s;
+}
+const std::string& Checkpointer::last_path() const {
+  return impl_->last_path;
+}
+const std::string& Checkpointer::run_id() const {
+  return impl_->run_id;
+}
 
 // ---------------------------------------------------------------------------
 // Resume

@@ -19,28 +19,53 @@ bool ends_with(const std::string& s, const std::string& tail) {
   return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
 }
 
+// Rows of one batch of `s`, read a contiguous run of rows at a time.
+std::vector<int64_t> gather(const BatchSampler& s, int64_t step, std::span<const int64_t> rows) {
+  std::vector<int64_t> out;
+  out.reserve(rows.size() * static_cast<size_t>(s.window()));
+  for (size_t i = 0; i < rows.size();) {
+    size_t j = i + 1;
+    while (j < rows.size() && rows[j] == rows[j - 1] + 1) ++j;
+    const std::vector<int64_t> run = s.rows(step, rows[i], static_cast<int64_t>(j - i));
+    out.insert(out.end(), run.begin(), run.end());
+    i = j;
+  }
+  return out;
+}
+
 class CorpusData final : public RunData {
  public:
   explicit CorpusData(const RunConfig& c)
       : corpus_(Corpus::load(c.data.empty() ? default_corpus_path() : c.data)), split_(corpus_.split(c.val_fraction)) {
-    train_ = std::make_unique<BatchSampler>(split_.train, c.seq, c.batch, static_cast<uint64_t>(c.seed),
-                                            "training split");
+    train_ =
+        std::make_unique<BatchSampler>(split_.train, c.seq, c.batch, static_cast<uint64_t>(c.seed), "training split");
     val_ = std::make_unique<BatchSampler>(split_.val, c.seq, c.batch, static_cast<uint64_t>(c.seed) ^ 0x5eedull,
                                           "validation split");
   }
-  std::vector<int64_t> train_batch(int64_t step) const override { return train_->batch(step); }
-  std::vector<int64_t> val_batch(int64_t i) const override { return val_->batch(i); }
+  std::vector<int64_t> train_rows(int64_t step, std::span<const int64_t> rows) const override {
+    return gather(*train_, step, rows);
+  }
+  std::vector<int64_t> val_rows(int64_t i, std::span<const int64_t> rows) const override {
+    return gather(*val_, i, rows);
+  }
+  std::string position_json(int64_t steps) const override {
+    return Json{{"epoch", 0},
+                {"sample_in_epoch", steps * train_->batch_size()},
+                {"samples_consumed", steps * train_->batch_size()},
+                {"samples_per_epoch", nullptr}}
+        .dump();
+  }
   int64_t vocab_size() const override { return 256; }
   std::string kind() const override { return "corpus"; }
   std::string source() const override { return corpus_.source(); }
   std::string describe() const override {
-    return fmt::format("{} ({} bytes: {} train, {} validation)", corpus_.source(), corpus_.size(),
-                       split_.train.size(), split_.val.size());
+    return fmt::format("{} ({} bytes: {} train, {} validation)", corpus_.source(), corpus_.size(), split_.train.size(),
+                       split_.val.size());
   }
   std::string manifest_json() const override {
     const std::string sha = ckpt::sha256_hex(corpus_.bytes().data(), corpus_.bytes().size());
-    return Json{{"kind", kind()}, {"source", corpus_.source()}, {"bytes", corpus_.size()}, {"sha256", sha},
-                {"identity", sha}}
+    return Json{
+        {"kind", kind()}, {"source", corpus_.source()}, {"bytes", corpus_.size()}, {"sha256", sha}, {"identity", sha}}
         .dump();
   }
 
@@ -68,8 +93,8 @@ class TokenData final : public RunData {
       o.name = name;
       return o;
     };
-    train_ = std::make_unique<TokenSampler>(data_, options(split.train, true, static_cast<uint64_t>(c.seed),
-                                                           "training split"));
+    train_ = std::make_unique<TokenSampler>(
+        data_, options(split.train, true, static_cast<uint64_t>(c.seed), "training split"));
     // Evaluation reads the validation windows in order: every evaluation of
     // the run sees the same batches.
     val_ = std::make_unique<TokenSampler>(data_, options(split.val, false, 0, "validation split"));
@@ -78,8 +103,20 @@ class TokenData final : public RunData {
     whole.batch = 1;
     identity_ = fmt::format("{:016x}", TokenSampler(data_, whole).fingerprint());
   }
-  std::vector<int64_t> train_batch(int64_t step) const override { return train_->batch(step); }
-  std::vector<int64_t> val_batch(int64_t i) const override { return val_->batch(i); }
+  std::vector<int64_t> train_rows(int64_t step, std::span<const int64_t> rows) const override {
+    return train_->rows_at(step, rows);
+  }
+  std::vector<int64_t> val_rows(int64_t i, std::span<const int64_t> rows) const override {
+    return val_->rows_at(i, rows);
+  }
+  std::string position_json(int64_t steps) const override {
+    const EpochPosition p = train_->position_after(steps);
+    return Json{{"epoch", p.epoch},
+                {"sample_in_epoch", p.sample_in_epoch},
+                {"samples_consumed", p.samples_consumed},
+                {"samples_per_epoch", train_->num_samples()}}
+        .dump();
+  }
   int64_t vocab_size() const override { return data_.vocab_size(); }
   std::string kind() const override { return "tokens"; }
   std::string source() const override { return data_.path(); }

@@ -5,8 +5,9 @@
 // hashed offsets) or a tokenized dataset (train/token_data.h: a .tok file or
 // a Megatron .bin/.idx prefix, split in tokens at val_fraction, windows cut
 // at stride seq and shuffled per epoch). The choice is made by the path
-// alone (token_data_path() below). Both give, for a step, the global batch
-// of windows (batch x (seq + 1) ids, every rank the same), a description for
+// alone (token_data_path() below). Both give, for a step, any rows of the
+// global batch of windows (each rank reads the rows it trains on: Trainer::
+// local_rows), a description for
 // the log, and a JSON record for the checkpoint manifest whose "identity"
 // resuming compares: the byte corpus's SHA-256, or the token dataset's
 // fingerprint (its size, documents, dtype and vocabulary; not its tokens).
@@ -14,6 +15,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -24,10 +26,16 @@ struct RunConfig;
 class RunData {
  public:
   virtual ~RunData() = default;
-  // The global batch of training step `step` (batch * (seq + 1) ids).
-  virtual std::vector<int64_t> train_batch(int64_t step) const = 0;
-  // Evaluation batch i (the same for every evaluation of the run).
-  virtual std::vector<int64_t> val_batch(int64_t i) const = 0;
+  // Rows `rows` (indices into the global batch, Trainer::local_rows) of
+  // training step `step`, row after row (rows.size() * (seq + 1) ids): a
+  // data rank reads only its own rows.
+  virtual std::vector<int64_t> train_rows(int64_t step, std::span<const int64_t> rows) const = 0;
+  // The same rows of evaluation batch i (the same for every evaluation).
+  virtual std::vector<int64_t> val_rows(int64_t i, std::span<const int64_t> rows) const = 0;
+  // Where the training stream stands after `steps` steps (epoch, sample in
+  // epoch; the byte corpus samples offsets with replacement: epoch 0,
+  // sample = steps * batch), for the checkpoint manifest.
+  virtual std::string position_json(int64_t steps) const = 0;
   // The largest token id + 1 the data may hold: 256 for bytes, the file's
   // vocabulary for a token file that states one, 0 when unknown.
   virtual int64_t vocab_size() const = 0;

@@ -12,10 +12,9 @@
 
 #include "checkpoint/file_io.h"
 #include "core/log.h"
-#include "torus/train/checkpointing.h"
 #include "torus/comm/context.h"
 #include "torus/device/device.h"
-#include "train/engine/run_data.h"
+#include "torus/train/checkpointing.h"
 #include "torus/train/hf.h"
 #include "torus/train/lr_schedule.h"
 #include "torus/train/metrics.h"
@@ -23,6 +22,7 @@
 #include "torus/train/peak_flops.h"
 #include "torus/train/tensorboard.h"
 #include "torus/train/trainer.h"
+#include "train/engine/run_data.h"
 
 namespace torus::train {
 namespace {
@@ -37,12 +37,13 @@ double all_reduce_scalar(const comm::ProcessGroupPtr& world, double v, comm::Red
 }
 
 at::Tensor to_tensor(const std::vector<int64_t>& tokens, int64_t rows, int64_t cols) {
-  return at::from_blob(const_cast<int64_t*>(tokens.data()), {rows, cols}, at::TensorOptions().dtype(at::kLong))
-      .clone();
+  return at::from_blob(const_cast<int64_t*>(tokens.data()), {rows, cols}, at::TensorOptions().dtype(at::kLong)).clone();
 }
 
 // A JSON number, or null when not finite (JSON has no NaN).
-Json number(double v) { return std::isfinite(v) ? Json(v) : Json(nullptr); }
+Json number(double v) {
+  return std::isfinite(v) ? Json(v) : Json(nullptr);
+}
 
 // The "moe" object of a step record: totals and each layer's figures.
 Json routing_json(const expert::RoutingSummary& r) {
@@ -55,8 +56,8 @@ Json routing_json(const expert::RoutingSummary& r) {
                       {"aux_loss", number(l.mean_aux_loss())},
                       {"z_loss", number(l.mean_z_loss())}});
   }
-  return {{"aux_loss", number(r.aux_loss())},     {"z_loss", number(r.z_loss())},
-          {"drop_rate", number(r.drop_rate())},   {"imbalance", number(r.imbalance())},
+  return {{"aux_loss", number(r.aux_loss())},           {"z_loss", number(r.z_loss())},
+          {"drop_rate", number(r.drop_rate())},         {"imbalance", number(r.imbalance())},
           {"tokens_per_expert", r.tokens_per_expert()}, {"layers", layers}};
 }
 
@@ -115,13 +116,13 @@ int64_t run_micro_batch_rows(const RunConfig& c, const ParallelLayout& l) {
 
 MemoryEstimate precheck_memory(const RunConfig& c, const Model& model, const ParallelLayout& l,
                                const MemoryBudget& available) {
-  const MemoryEstimate e = estimate_memory(model, l, run_trainer_options(c), run_micro_batch_rows(c, l), c.seq,
-                                           run_optimizer(c));
-  TORUS_LOG_INFO("memory estimate per rank ({}, --zero {}, --offload {}): {}; available per rank: {}{}",
-                 l.describe(), c.zero, c.offload, e.describe(), format_bytes(static_cast<double>(available.device)),
-                 available.device_is_host ? std::string(" (host)")
-                                          : fmt::format(" (device), host {}",
-                                                        format_bytes(static_cast<double>(available.host))));
+  const MemoryEstimate e =
+      estimate_memory(model, l, run_trainer_options(c), run_micro_batch_rows(c, l), c.seq, run_optimizer(c));
+  TORUS_LOG_INFO("memory estimate per rank ({}, --zero {}, --offload {}): {}; available per rank: {}{}", l.describe(),
+                 c.zero, c.offload, e.describe(), format_bytes(static_cast<double>(available.device)),
+                 available.device_is_host
+                     ? std::string(" (host)")
+                     : fmt::format(" (device), host {}", format_bytes(static_cast<double>(available.host))));
   check_memory(e, available, c.force);
   return e;
 }
@@ -206,6 +207,7 @@ TrainLoop::TrainLoop(comm::ProcessGroupPtr world, RunConfig config, std::string 
     m.run_desc.data = data.dump();
     m.run_desc.layout = layout_json(*m.trainer, c.zero, c.precision);
     m.run_desc.options = c.to_json();
+    m.run_desc.data_position = [data = m.data.get()](int64_t step) { return data->position_json(step); };
   }
   if (!c.init_from.empty()) {
     // A directory with a config.json is a Hugging Face model (train/hf.h);
@@ -237,16 +239,19 @@ TrainLoop::TrainLoop(comm::ProcessGroupPtr world, RunConfig config, std::string 
                   data.value("kind", "?"), data.value("identity", "?"));
       for (const char* key : {"seed", "batch", "seq", "val_fraction"}) {
         if (saved_data.value(key, Json()) != data.value(key, Json()) && m.world->rank() == 0) {
-          TORUS_LOG_WARN("--resume {}: the checkpoint's data {} is {}, this run's {}: the batches differ from the "
-                         "saved run's",
-                         ck.path(), key, saved_data.value(key, Json()).dump(), data.value(key, Json()).dump());
+          TORUS_LOG_WARN(
+              "--resume {}: the checkpoint's data {} is {}, this run's {}: the batches differ from the "
+              "saved run's",
+              ck.path(), key, saved_data.value(key, Json()).dump(), data.value(key, Json()).dump());
         }
       }
     };
     m.resumed = resume(m.world, *m.trainer, c.resume, c.checkpoint_dir(), m.run_desc.layout, check);
     m.start_step = m.resumed.step;
     if (!m.resumed.path.empty() && m.world->rank() == 0) {
-      TORUS_LOG_INFO("resume: step {} from {}{}", m.resumed.step, m.resumed.path,
+      const Json pos = Json::parse(m.data->position_json(m.resumed.step));
+      TORUS_LOG_INFO("resume: step {} from {} (data: epoch {}, sample {} of the epoch){}", m.resumed.step,
+                     m.resumed.path, pos.value("epoch", Json()).dump(), pos.value("sample_in_epoch", Json()).dump(),
                      m.resumed.same_layout ? "" : " (another layout: resharded; dropout streams start afresh)");
     }
   }
@@ -265,18 +270,30 @@ TrainLoop::TrainLoop(comm::ProcessGroupPtr world, RunConfig config, std::string 
 
 TrainLoop::~TrainLoop() = default;
 
-void TrainLoop::set_line_sink(std::function<void(std::string_view)> sink) { impl_->sink = std::move(sink); }
+void TrainLoop::set_line_sink(std::function<void(std::string_view)> sink) {
+  impl_->sink = std::move(sink);
+}
 void TrainLoop::on_step(std::function<void(const StepRecord&)> observer) {
   impl_->observers.push_back(std::move(observer));
 }
 void TrainLoop::on_step_begin(std::function<void(int64_t)> observer) {
   impl_->begin_observers.push_back(std::move(observer));
 }
-Trainer& TrainLoop::trainer() { return *impl_->trainer; }
-const RunConfig& TrainLoop::config() const { return impl_->cfg; }
-double TrainLoop::peak_flops() const { return impl_->peak; }
-const MemoryEstimate& TrainLoop::memory_estimate() const { return impl_->estimate; }
-const MemoryBudget& TrainLoop::memory_available() const { return impl_->available; }
+Trainer& TrainLoop::trainer() {
+  return *impl_->trainer;
+}
+const RunConfig& TrainLoop::config() const {
+  return impl_->cfg;
+}
+double TrainLoop::peak_flops() const {
+  return impl_->peak;
+}
+const MemoryEstimate& TrainLoop::memory_estimate() const {
+  return impl_->estimate;
+}
+const MemoryBudget& TrainLoop::memory_available() const {
+  return impl_->available;
+}
 
 RunSummary TrainLoop::run() {
   Impl& m = *impl_;
@@ -313,13 +330,10 @@ RunSummary TrainLoop::run() {
                 {"data", Json::parse(m.run_desc.data)}};
     cfg["options"] = Json::parse(c.to_json());
     const MemoryEstimate& e = m.estimate;  // the fullest pipeline rank's, the same on every rank
-    cfg["memory_estimate"] = {{"parameters", e.parameters},
-                              {"gradients", e.gradients},
-                              {"optimizer", e.optimizer},
-                              {"activations", e.activations},
-                              {"buffers", e.buffers},
-                              {"host_optimizer", e.host_optimizer},
-                              {"host_parameters", e.host_parameters}};
+    cfg["memory_estimate"] = {
+        {"parameters", e.parameters},          {"gradients", e.gradients}, {"optimizer", e.optimizer},
+        {"activations", e.activations},        {"buffers", e.buffers},     {"host_optimizer", e.host_optimizer},
+        {"host_parameters", e.host_parameters}};
     metrics->write(cfg);
     if (!m.resumed.path.empty()) {
       metrics->write({{"event", "resume"},
@@ -332,10 +346,13 @@ RunSummary TrainLoop::run() {
     if (c.progress == "on" || (c.progress == "auto" && tty)) bar = std::make_unique<ProgressBar>(c.steps, stderr);
   }
 
+  // Each data rank reads only the rows it trains on (Trainer::local_rows).
+  const std::vector<int64_t> rows = trainer.local_rows(c.batch);
+  const int64_t local_rows = static_cast<int64_t>(rows.size());
   auto evaluate = [&]() {
     double sum = 0;
     for (int64_t i = 0; i < c.eval_batches; ++i) {
-      sum += trainer.evaluate(to_tensor(m.data->val_batch(i), c.batch, c.seq + 1));
+      sum += trainer.evaluate(LocalBatch{to_tensor(m.data->val_rows(i, rows), local_rows, c.seq + 1), c.batch});
     }
     return sum / static_cast<double>(c.eval_batches);
   };
@@ -354,13 +371,16 @@ RunSummary TrainLoop::run() {
 
   RunSummary summary;
   summary.out_dir = c.out;
-  double tokens = 0, seconds = 0;
+  double tokens = 0, seconds = 0, data_seconds = 0;
   bool first = true;
   const auto t_start = Clock::now();
   for (int64_t step = m.start_step; step < c.steps; ++step) {
     for (auto& f : m.begin_observers) f(step);
     const double step_lr = m.lr.at(step);
-    const StepStats st = trainer.train_step(to_tensor(m.data->train_batch(step), c.batch, c.seq + 1), step_lr);
+    const auto t_data = Clock::now();
+    LocalBatch batch{to_tensor(m.data->train_rows(step, rows), local_rows, c.seq + 1), c.batch};
+    const double data_s = std::chrono::duration<double>(Clock::now() - t_data).count();
+    const StepStats st = trainer.train_step(batch, step_lr);
     const bool last = step + 1 == c.steps;
     StepRecord r;
     r.step = st.step;
@@ -373,6 +393,7 @@ RunSummary TrainLoop::run() {
     r.tokens_per_s = static_cast<double>(st.tokens) / st.seconds;
     r.mfu = m.peak > 0 ? r.tokens_per_s * flops_per_token / m.peak : std::nan("");
     r.step_s = st.seconds;
+    r.data_s = data_s;
     r.pipeline_s = st.pipeline_seconds;
     r.sync_s = st.sync_seconds;
     r.skipped = st.skipped;
@@ -382,6 +403,7 @@ RunSummary TrainLoop::run() {
     r.routing = st.routing;
     tokens += static_cast<double>(st.tokens);
     seconds += st.seconds;
+    data_seconds += data_s;
     if (first) summary.first_loss = r.loss;
     first = false;
     summary.final_loss = r.loss;
@@ -392,22 +414,23 @@ RunSummary TrainLoop::run() {
                        m.peak / 1e9);
       }
       Json step_json = {{"event", "step"},
-                      {"step", r.step},
-                      {"loss", number(r.loss)},
-                      {"val_loss", number(r.val_loss)},
-                      {"grad_norm", number(r.grad_norm)},
-                      {"clip", number(r.clip)},
-                      {"lr", r.lr},
-                      {"tokens_per_s", number(r.tokens_per_s)},
-                      {"mfu", number(r.mfu)},
-                      {"mem_bytes", r.mem_bytes},
-                      {"step_s", r.step_s},
-                      {"pipeline_s", r.pipeline_s},
-                      {"sync_s", r.sync_s},
-                      {"skipped", r.skipped},
-                      {"skipped_steps", r.skipped_steps},
-                      {"loss_scale", r.loss_scale},
-                      {"peak_live_micro", r.peak_live_micro}};
+                        {"step", r.step},
+                        {"loss", number(r.loss)},
+                        {"val_loss", number(r.val_loss)},
+                        {"grad_norm", number(r.grad_norm)},
+                        {"clip", number(r.clip)},
+                        {"lr", r.lr},
+                        {"tokens_per_s", number(r.tokens_per_s)},
+                        {"mfu", number(r.mfu)},
+                        {"mem_bytes", r.mem_bytes},
+                        {"step_s", r.step_s},
+                        {"data_s", r.data_s},
+                        {"pipeline_s", r.pipeline_s},
+                        {"sync_s", r.sync_s},
+                        {"skipped", r.skipped},
+                        {"skipped_steps", r.skipped_steps},
+                        {"loss_scale", r.loss_scale},
+                        {"peak_live_micro", r.peak_live_micro}};
       if (!r.routing.empty()) step_json["moe"] = routing_json(r.routing);
       metrics->write(step_json);
       if (tb) {
@@ -452,9 +475,11 @@ RunSummary TrainLoop::run() {
       if (bar) bar->update(r.step, r.tokens_per_s);
     }
     if (checkpointer) {
-      const Json state = {{"step", r.step},         {"loss", number(r.loss)},
+      const Json state = {{"step", r.step},
+                          {"loss", number(r.loss)},
                           {"val_loss", number(summary.final_val_loss)},
-                          {"skipped_steps", r.skipped_steps}, {"loss_scale", r.loss_scale},
+                          {"skipped_steps", r.skipped_steps},
+                          {"loss_scale", r.loss_scale},
                           {"tokens", static_cast<double>(r.step) * static_cast<double>(c.batch * c.seq)}};
       if (checkpointer->after_step(r.step, last, state.dump()) && logger) {
         metrics->write({{"event", "checkpoint"},
@@ -473,6 +498,8 @@ RunSummary TrainLoop::run() {
   summary.steps = c.steps - m.start_step;
   summary.wall_s = std::chrono::duration<double>(Clock::now() - t_start).count();
   summary.tokens_per_s = tokens / seconds;
+  // Reading the data against the steps it feeds: the largest share of any rank.
+  summary.data_fraction = all_reduce_scalar(m.world, seconds > 0 ? data_seconds / seconds : 0, comm::ReduceOp::kMax);
   // Peak resident memory: this rank's, and the job's sum (every rank).
   summary.peak_rss_bytes = peak_rss_bytes();
   summary.job_peak_rss_bytes = static_cast<int64_t>(
@@ -489,18 +516,21 @@ RunSummary TrainLoop::run() {
                     {"steps", c.steps},
                     {"wall_s", summary.wall_s},
                     {"tokens_per_s", summary.tokens_per_s},
+                    {"data_fraction", summary.data_fraction},
                     {"first_loss", number(summary.first_loss)},
                     {"final_loss", number(summary.final_loss)},
                     {"final_val_loss", number(summary.final_val_loss)},
                     {"peak_rss_bytes", summary.peak_rss_bytes},
                     {"job_peak_rss_bytes", summary.job_peak_rss_bytes}});
-    m.line(fmt::format("done: {} steps{} in {:.1f} s, {:.0f} tok/s; loss {:.3f} -> {:.3f}, validation {:.3f}; wrote "
-                       "{}/metrics.jsonl{}",
-                       summary.steps,
-                       m.start_step > 0 ? fmt::format(" (resumed at step {})", m.start_step) : std::string(),
-                       summary.wall_s, summary.tokens_per_s, summary.first_loss, summary.final_loss,
-                       summary.final_val_loss, c.out, tb ? " and " + c.out + "/tb" : ""));
+    m.line(fmt::format(
+        "done: {} steps{} in {:.1f} s, {:.0f} tok/s; loss {:.3f} -> {:.3f}, validation {:.3f}; wrote "
+        "{}/metrics.jsonl{}",
+        summary.steps, m.start_step > 0 ? fmt::format(" (resumed at step {})", m.start_step) : std::string(),
+        summary.wall_s, summary.tokens_per_s, summary.first_loss, summary.final_loss, summary.final_val_loss, c.out,
+        tb ? " and " + c.out + "/tb" : ""));
     m.line(peak_line);
+    m.line(fmt::format("data loading: {:.3f}% of the time in train_step (largest share of any rank)",
+                       summary.data_fraction * 100));
   }
   return summary;
 }

@@ -126,7 +126,7 @@ struct Trainer::Impl : public pp::StageCallbacks {
   std::vector<at::Tensor> all_params;                      // every parameter of this rank's stages
   std::optional<amp::LossScaler> scaler;                   // f16 parameters
   int64_t skipped_steps = 0;
-  bool half = false;  // bf16/f16 parameters
+  bool half = false;                    // bf16/f16 parameters
   std::vector<at::Tensor> tied_params;  // parameters shared with another stage (owner or copy), in name order
 
   pp::Schedule schedule;
@@ -139,6 +139,7 @@ struct Trainer::Impl : public pp::StageCallbacks {
 
   // Per step.
   std::vector<at::Tensor> inputs, labels;
+  int64_t batch_tokens = 0;  // tokens in the loaded global batch (StepStats::tokens)
   struct Saved {
     at::Tensor input;  // requires grad (stages > 0)
     at::Tensor root;   // output, or the scaled loss on the last stage
@@ -257,25 +258,65 @@ struct Trainer::Impl : public pp::StageCallbacks {
   // index — which MoE routing needs (its capacity and auxiliary losses are
   // per micro-batch: Note [Layout-independent routing] in moe.h); for a
   // dense model any split gives the same step.
-  void load_batch(const at::Tensor& batch, const char* what) {
-    TORUS_CHECK(batch.defined() && batch.dim() == 2 && batch.scalar_type() == at::kLong, InvalidArgument,
-                "Trainer::{}: batch must be a [global_batch, seq + 1] int64 tensor", what);
-    const int64_t rows = batch.size(0), seq = batch.size(1) - 1;
+  // Checks that a global batch of `rows` rows splits over the data ranks and
+  // micro-batches; returns the rows per data rank.
+  int64_t rows_per_rank(int64_t rows, const char* what) const {
     const int data = layout.data_parallel();
     const int64_t parts = int64_t{data} * layout.num_micro;
     TORUS_CHECK(rows >= parts && rows % parts == 0, InvalidArgument,
                 "Trainer::{}: a global batch of {} rows does not split into data ranks (dp x ep) x micro-batches = "
                 "{} x {} equal parts",
                 what, rows, data, layout.num_micro);
+    return rows / data;
+  }
+
+  // This data rank's rows of a global batch of `rows` rows, in micro-batch
+  // order (Note [Micro-batch rows]).
+  std::vector<int64_t> local_rows(int64_t rows, const char* what) const {
+    const int64_t mine = rows_per_rank(rows, what);
+    const int64_t per_micro = rows / layout.num_micro, b = mine / layout.num_micro;
+    std::vector<int64_t> out;
+    out.reserve(static_cast<size_t>(mine));
+    for (int64_t mi = 0; mi < layout.num_micro; ++mi) {
+      for (int64_t j = 0; j < b; ++j) out.push_back(mi * per_micro + int64_t{groups.dp_rank()} * b + j);
+    }
+    return out;
+  }
+
+  // Loads this rank's rows (local_rows(global_rows), in that order) as the
+  // micro-batches' inputs and labels.
+  void load_rows(const at::Tensor& rows, int64_t global_rows, const char* what) {
+    TORUS_CHECK(rows.defined() && rows.dim() == 2 && rows.scalar_type() == at::kLong, InvalidArgument,
+                "Trainer::{}: the batch must be a 2-d int64 tensor of [rows, seq + 1] tokens", what);
+    const int64_t mine = rows_per_rank(global_rows, what);
+    TORUS_CHECK(rows.size(0) == mine, InvalidArgument,
+                "Trainer::{}: this data rank's share of a global batch of {} rows is {} rows (local_rows()), "
+                "given {}",
+                what, global_rows, mine, rows.size(0));
+    const int64_t seq = rows.size(1) - 1;
     TORUS_CHECK(seq >= 1, InvalidArgument, "Trainer::{}: the batch needs at least 2 columns (seq + 1)", what);
     model->validate_sequence(seq, model_layout);
     inputs.clear();
     labels.clear();
-    for (const at::Tensor& micro : batch.chunk(layout.num_micro, 0)) {
-      at::Tensor mb = micro.chunk(data, 0)[groups.dp_rank()].to(model->device());
+    for (const at::Tensor& micro : rows.chunk(layout.num_micro, 0)) {
+      at::Tensor mb = micro.to(model->device());
       inputs.push_back(mb.narrow(1, 0, seq).contiguous());
       labels.push_back(mb.narrow(1, 1, seq).contiguous());
     }
+    batch_tokens = global_rows * seq;
+  }
+
+  // One step / evaluation on the loaded micro-batches (train_step, evaluate).
+  StepStats run_step(Clock::time_point t0, double lr);
+  double run_eval();
+
+  // The global batch: every data rank takes its rows of it.
+  void load_batch(const at::Tensor& batch, const char* what) {
+    TORUS_CHECK(batch.defined() && batch.dim() == 2 && batch.scalar_type() == at::kLong, InvalidArgument,
+                "Trainer::{}: batch must be a [global_batch, seq + 1] int64 tensor", what);
+    const std::vector<int64_t> idx = local_rows(batch.size(0), what);
+    const at::Tensor index = at::tensor(idx, at::TensorOptions().dtype(at::kLong)).to(batch.device());
+    load_rows(batch.index_select(0, index), batch.size(0), what);
   }
 
   // The gradient the optimizer reads for p (a main-gradient slice or p.grad).
@@ -545,8 +586,7 @@ Trainer::Trainer(comm::ProcessGroupPtr world, std::shared_ptr<const Model> model
       g.params.push_back(p.tensor);
       g.names.push_back(p.name);
       const bool counted = !p.tie_copy && (p.spec.sharded() || m.groups.tp_rank() == 0) &&
-                           (p.expert || m.groups.ep_rank() == 0) &&
-                           (zero_stage == 0 || m.groups.dp_rank() == 0);
+                           (p.expert || m.groups.ep_rank() == 0) && (zero_stage == 0 || m.groups.dp_rank() == 0);
       m.norm_entries.push_back({p.tensor, counted});
       m.all_params.push_back(p.tensor);
     }
@@ -589,10 +629,24 @@ Trainer::Trainer(comm::ProcessGroupPtr world, std::shared_ptr<const Model> model
 
 Trainer::~Trainer() = default;
 
+std::vector<int64_t> Trainer::local_rows(int64_t global_batch) const {
+  return impl_->local_rows(global_batch, "local_rows");
+}
+
 StepStats Trainer::train_step(const at::Tensor& batch, double lr) {
-  Impl& m = *impl_;
   const auto t0 = Clock::now();
-  m.load_batch(batch, "train_step");
+  impl_->load_batch(batch, "train_step");
+  return impl_->run_step(t0, lr);
+}
+
+StepStats Trainer::train_step(const LocalBatch& batch, double lr) {
+  const auto t0 = Clock::now();
+  impl_->load_rows(batch.rows, batch.global_batch, "train_step");
+  return impl_->run_step(t0, lr);
+}
+
+StepStats Trainer::Impl::run_step(Clock::time_point t0, double lr) {
+  Impl& m = *this;
   TORUS_CHECK(!(lr < 0) || m.optim.lr >= 0, InvalidArgument, "Trainer::train_step: no learning rate");
   const double step_lr = lr >= 0 ? lr : m.optim.lr;
   for (auto& c : m.chunks) c->module()->train();
@@ -714,7 +768,7 @@ StepStats Trainer::train_step(const at::Tensor& batch, double lr) {
   st.step = ++m.steps;
   st.grad_norm = clip.norm;
   st.clip_coefficient = clip.coefficient;
-  st.tokens = batch.size(0) * (batch.size(1) - 1);
+  st.tokens = m.batch_tokens;
   st.peak_live = m.last_result.peak_live;
   st.skipped_steps = m.skipped_steps;
   st.pipeline_seconds = std::chrono::duration<double>(t_pipe - t0).count();
@@ -724,8 +778,17 @@ StepStats Trainer::train_step(const at::Tensor& batch, double lr) {
 }
 
 double Trainer::evaluate(const at::Tensor& batch) {
-  Impl& m = *impl_;
-  m.load_batch(batch, "evaluate");
+  impl_->load_batch(batch, "evaluate");
+  return impl_->run_eval();
+}
+
+double Trainer::evaluate(const LocalBatch& batch) {
+  impl_->load_rows(batch.rows, batch.global_batch, "evaluate");
+  return impl_->run_eval();
+}
+
+double Trainer::Impl::run_eval() {
+  Impl& m = *this;
   at::NoGradGuard no_grad;
   for (auto& c : m.chunks) c->module()->eval();
   std::optional<amp::AutocastGuard> autocast;
@@ -864,20 +927,34 @@ void Trainer::load_state_dict(const StateDict& state) {
   m.skipped_steps = state.at("engine.skipped_steps").tensor.item<int64_t>();
 }
 
-void Trainer::init_optimizer_state() { impl_->optimizer->init_state(); }
-void Trainer::set_before_update(std::function<void()> hook) { impl_->before_update = std::move(hook); }
+void Trainer::init_optimizer_state() {
+  impl_->optimizer->init_state();
+}
+void Trainer::set_before_update(std::function<void()> hook) {
+  impl_->before_update = std::move(hook);
+}
 
-int64_t Trainer::num_parameters() const { return model_->num_parameters(); }
-double Trainer::flops_per_token(int64_t seq_len) const { return model_->flops_per_token(seq_len); }
+int64_t Trainer::num_parameters() const {
+  return model_->num_parameters();
+}
+double Trainer::flops_per_token(int64_t seq_len) const {
+  return model_->flops_per_token(seq_len);
+}
 
 bool Trainer::is_logging_rank() const {
   const Impl& m = *impl_;
   return m.rank == m.P - 1 && m.groups.dp_rank() == 0 && m.groups.tp_rank() == 0;
 }
 
-const comm::DeviceMesh& Trainer::mesh() const { return *impl_->mesh; }
-const pp::Schedule& Trainer::schedule() const { return impl_->schedule; }
-const pp::StepResult& Trainer::last_pipeline_result() const { return impl_->last_result; }
+const comm::DeviceMesh& Trainer::mesh() const {
+  return *impl_->mesh;
+}
+const pp::Schedule& Trainer::schedule() const {
+  return impl_->schedule;
+}
+const pp::StepResult& Trainer::last_pipeline_result() const {
+  return impl_->last_result;
+}
 std::vector<const dp::Zero*> Trainer::zero_syncs() const {
   std::vector<const dp::Zero*> out;
   for (const auto& s : impl_->syncs) {
@@ -885,8 +962,12 @@ std::vector<const dp::Zero*> Trainer::zero_syncs() const {
   }
   return out;
 }
-int64_t Trainer::steps_taken() const { return impl_->steps; }
+int64_t Trainer::steps_taken() const {
+  return impl_->steps;
+}
 
-std::vector<std::string> Trainer::describe_stages() const { return model_->describe_stages(impl_->model_layout); }
+std::vector<std::string> Trainer::describe_stages() const {
+  return model_->describe_stages(impl_->model_layout);
+}
 
 }  // namespace torus::train
