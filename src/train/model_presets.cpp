@@ -1,6 +1,9 @@
 // The model presets (model_presets.h).
 #include "torus/train/model_presets.h"
 
+#include <filesystem>
+#include <system_error>
+
 namespace torus::train {
 
 const std::vector<ModelPreset>& model_presets() {
@@ -27,6 +30,11 @@ std::string model_preset_names() {
   std::string out;
   for (const ModelPreset& p : model_presets()) out += (out.empty() ? "" : ", ") + p.name;
   return out;
+}
+
+bool is_hf_model_dir(const std::string& dir) {
+  std::error_code ec;
+  return !dir.empty() && std::filesystem::is_regular_file(std::filesystem::path(dir) / "config.json", ec);
 }
 
 }  // namespace torus::train

@@ -33,7 +33,7 @@ struct Entry {
 // values() listing and the JSON record all come from here.
 std::vector<Entry> table(RunConfig& c) {
   return {
-      {"model", &c.model, "model preset: " + model_preset_names() + " (docs/models.md)"},
+      {"model", &c.model, "model preset: " + model_preset_names() + " (docs/models.md), or a Hugging Face model directory whose config.json gives the shape (docs/hf.md)"},
       {"layers", &c.layers, "transformer blocks (0: the preset's)"},
       {"hidden", &c.hidden, "model width (0: the preset's)"},
       {"heads", &c.heads, "attention heads, divisible by --tp (0: the preset's)"},
@@ -331,8 +331,9 @@ void RunConfig::validate() const {
   one_of(optimizer, {"sgd", "adam", "adamw"}, "optimizer");
   one_of(progress, {"auto", "on", "off"}, "progress");
   check(!(autocast && precision != "f32"), "--autocast runs over f32 parameters: use it with --precision f32");
-  check(find_model_preset(model) != nullptr,
-        fmt::format("--model: unknown model '{}' (known: {})", model, model_preset_names()));
+  check(find_model_preset(model) != nullptr || is_hf_model_dir(model),
+        fmt::format("--model: unknown model '{}' (known: {}; or a Hugging Face model directory with a config.json)",
+                    model, model_preset_names()));
   check(layers >= 0 && hidden >= 0 && heads >= 0 && kv_heads >= 0 && ffn >= 0 && vocab >= 0 && rope_theta >= 0,
         "--layers, --hidden, --heads, --kv-heads, --ffn, --vocab and --rope-theta must be >= 0 (0: the preset's)");
   check(seq >= 1, "--seq must be >= 1");

@@ -125,3 +125,26 @@ def test_init_from_refuses_another_rotary_or_head_split(world, tmp_path):
     loop = train.TrainLoop(world, train.RunConfig(out=str(tmp_path / "c"), rope_theta=500000.0, **cfg))
     tokens = batch(256, 13)
     assert loop.trainer().evaluate(tokens) == pytest.approx(hf_loss(hf, tokens), rel=RTOL)
+
+
+@pytest.mark.parametrize("which", ["llama", "gpt2"])
+def test_model_shape_from_the_directory(world, tmp_path, which):
+    # --model DIR: the shape (GQA and llama3 rotary scaling for the Llama)
+    # comes from config.json alone; with --init-from DIR the losses are
+    # transformers'.
+    if which == "llama":
+        hf, d = hf_llama(tmp_path, rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
+                                                    "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                                    "original_max_position_embeddings": 32})
+    else:
+        hf, d = hf_gpt2(tmp_path)
+    loop = train.TrainLoop(world, train.RunConfig(out=str(tmp_path / "run"), model=str(d), init_from=str(d), steps=1,
+                                                  **COMMON))
+    tokens = batch(256, 14)
+    assert loop.trainer().evaluate(tokens) == pytest.approx(hf_loss(hf, tokens), rel=RTOL)
+    # Every transformers parameter, less GPT-2's key biases (dropped exactly:
+    # softmax does not see a per-query constant).
+    dropped = 0 if which == "llama" else hf.config.n_layer * hf.config.n_embd
+    assert loop.trainer().num_parameters() == sum(p.numel() for p in hf.parameters()) - dropped
+    with pytest.raises(torus.InvalidArgument, match="config.json; drop --layers"):
+        train.TrainLoop(world, train.RunConfig(out=str(tmp_path / "b"), model=str(d), layers=3, steps=1, **COMMON))

@@ -44,4 +44,8 @@ const ModelPreset* find_model_preset(const std::string& name);
 // "gpt, gpt2-tiny, ..." (for messages and --help).
 std::string model_preset_names();
 
+// Whether `dir` is a directory holding a config.json: what --model DIR (the
+// shape from a Hugging Face config, docs/hf.md) and --init-from DIR take.
+bool is_hf_model_dir(const std::string& dir);
+
 }  // namespace torus::train

@@ -7,6 +7,7 @@
 #include "core/log.h"
 #include "torus/recompute/recompute.h"
 #include "torus/train/gpt_model.h"
+#include "torus/train/hf.h"
 #include "torus/train/llama_model.h"
 #include "torus/train/model.h"
 #include "torus/train/model_presets.h"
@@ -85,10 +86,46 @@ std::shared_ptr<Model> make_llama(const RunConfig& c, const ModelPreset& p) {
   return std::make_shared<LlamaModel>(l);
 }
 
+// --model DIR: the shape of a Hugging Face directory's config.json; the
+// run's options give only what config.json does not hold (precision, seed,
+// recompute, dropout), so a shape option would contradict the file.
+std::shared_ptr<Model> make_hf(const RunConfig& c) {
+  TORUS_CHECK(c.layers == 0 && c.hidden == 0 && c.heads == 0 && c.kv_heads == 0 && c.ffn == 0 && c.vocab == 0 &&
+                  c.rope_theta == 0,
+              InvalidArgument,
+              "--model {}: the shape comes from {}/config.json; drop --layers, --hidden, --heads, --kv-heads, --ffn, "
+              "--vocab and --rope-theta",
+              c.model, c.model);
+  TORUS_CHECK(c.moe_every == 0, InvalidArgument, "--model {}: a Hugging Face model has no Torus MoE blocks (--moe-every)",
+              c.model);
+  HfConfig hf = read_hf_config(c.model);
+  if (hf.family == HfFamily::kGPT2) {
+    models::GPTConfig g = hf.gpt;
+    TORUS_CHECK(c.seq <= g.max_seq_len, InvalidArgument,
+                "--model {}: --seq {} is longer than the model's position table (n_positions {})", c.model, c.seq,
+                g.max_seq_len);
+    g.dropout = c.dropout;
+    g.attention_dropout = c.dropout;
+    g.seed = static_cast<uint64_t>(c.seed);
+    g.recompute = recompute::Policy::parse(c.recompute);
+    g.dtype = param_dtype(c);
+    return std::make_shared<GPTModel>(g);
+  }
+  TORUS_CHECK(c.dropout == 0, InvalidArgument, "--model {}: the Llama has no dropout (--dropout {})", c.model,
+              c.dropout);
+  models::LlamaConfig l = hf.llama;
+  l.max_seq_len = std::max(l.max_seq_len, c.seq);
+  l.seed = static_cast<uint64_t>(c.seed);
+  l.recompute = recompute::Policy::parse(c.recompute);
+  l.dtype = param_dtype(c);
+  return std::make_shared<LlamaModel>(l);
+}
+
 }  // namespace
 
 std::shared_ptr<Model> make_model(const RunConfig& c) {
   c.validate();
+  if (find_model_preset(c.model) == nullptr && is_hf_model_dir(c.model)) return make_hf(c);
   const ModelPreset* p = find_model_preset(c.model);
   TORUS_CHECK(p != nullptr, InvalidArgument, "--model: unknown model '{}' (known: {})", c.model,
               model_preset_names());
