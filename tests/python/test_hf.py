@@ -148,3 +148,33 @@ def test_model_shape_from_the_directory(world, tmp_path, which):
     assert loop.trainer().num_parameters() == sum(p.numel() for p in hf.parameters()) - dropped
     with pytest.raises(torus.InvalidArgument, match="config.json; drop --layers"):
         train.TrainLoop(world, train.RunConfig(out=str(tmp_path / "b"), model=str(d), layers=3, steps=1, **COMMON))
+
+
+def test_five_adamw_steps_equal_transformers_and_torch_optim(world, tmp_path):
+    # The same GQA Llama (llama3 rotary scaling) trained 5 steps on the same
+    # batches: by Torus from --model DIR --init-from DIR, and by transformers
+    # with torch.optim.AdamW (decay on matrices and embeddings, as Torus);
+    # constant learning rate, no clipping. Losses agree to f32 rounding.
+    hf, d = hf_llama(tmp_path, rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
+                                                "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                                "original_max_position_embeddings": 32})
+    rc = train.RunConfig(out=str(tmp_path / "run"), model=str(d), init_from=str(d), steps=5, optimizer="adamw",
+                         lr=1e-3, min_lr=1e-3, weight_decay=0.1, grad_clip=0.0,
+                         **dict(COMMON, warmup=0))
+    loop = train.TrainLoop(world, rc)
+    params = list(hf.parameters())
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": rc.weight_decay},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    opt = torch.optim.AdamW(groups, lr=rc.lr, betas=(rc.beta1, rc.beta2), eps=rc.eps, foreach=False)
+    hf.train()
+    for step in range(5):
+        tokens = batch(256, 20 + step)
+        logits = hf(input_ids=tokens[:, :-1]).logits
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), tokens[:, 1:].reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        got = loop.trainer().train_step(tokens, rc.lr).loss
+        assert got == pytest.approx(loss.item(), rel=1e-5), step
+    word = loop.trainer().gather_local_parameters()["embedding.word.weight"]
+    torch.testing.assert_close(word, hf.get_input_embeddings().weight.detach(), rtol=1e-4, atol=1e-6)

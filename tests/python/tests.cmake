@@ -50,6 +50,11 @@ if(TORUS_BUILD_PYTHON)
   set_tests_properties(python_hf PROPERTIES TIMEOUT 300 LABELS "unit;python;checkpoint"
                        ENVIRONMENT "TORUS_LOG_LEVEL=warn")
 
+  # The same against transformers in tp2 x pp2 (--model DIR --init-from DIR): evaluation and AdamW steps.
+  torus_add_mpi_test(NAME python_hf_tp2pp2_np4 NP 4 LABELS "python;checkpoint" TIMEOUT 300
+                     COMMAND ${CMAKE_CURRENT_LIST_DIR}/run_pytest.sh ${TORUS_PYTHON_EXECUTABLE} ${PROJECT_BINARY_DIR}/python
+                             ${CMAKE_CURRENT_LIST_DIR}/test_hf_layouts.py)
+
   # examples/python/train_gpt.py: --help, a bad flag, a PP=2 run on 2 ranks (metrics, log, TensorBoard, plot),
   # and torus-train with the same options writing the same records.
   add_test(NAME python_train_example
