@@ -301,7 +301,9 @@ def main():
                       "--gloo-store", os.path.join(work, f"gloo-{n}.store")]
             cmd = ["mpirun", *MPI_FLAGS, "-x", "PYTHONPATH", "-x",
                    "TORUS_LOG_LEVEL", "-x", "OMP_NUM_THREADS", "-np", str(n), *worker]
-            print(f"# {n} rank(s): mpirun -np {n} {' '.join(shlex.quote(c) for c in worker[1:])}", flush=True)
+            # Printed relative to the repository (where the worker lies there), so a result names no machine's paths.
+            shown = [os.path.relpath(c, ROOT) if c == worker[1] else c for c in worker[1:]]
+            print(f"# {n} rank(s): mpirun -np {n} {' '.join(shlex.quote(c) for c in shown)}", flush=True)
             t0 = time.time()
             rc, stdout, stderr = run_job(cmd, env, args.timeout)
             if rc is None:
