@@ -9,6 +9,9 @@
 #if TORUS_WITH_OFI
 #include "comm/ofi/ofi_backend.h"
 #endif
+#if TORUS_WITH_NEURON
+#include "comm/neuron/neuron_backend.h"
+#endif
 
 namespace torus::comm {
 
@@ -29,6 +32,11 @@ BackendPtr create_world_backend(const std::string& name, const BackendInit& init
 #endif
 #if TORUS_WITH_OFI
   if (name == "ofi") return create_ofi_world_backend(init);
+#endif
+#if TORUS_WITH_NEURON
+  // A device backend (Neuron device memory), not a host backend: not listed
+  // in available_host_backends().
+  if (name == "neuron") return create_neuron_world_backend(init);
 #endif
   throw Unsupported(fmt::format("host backend '{}' is not built into this Torus (built: {})", name,
                                 fmt::join(Context::available_host_backends(), ", ")));

@@ -91,6 +91,8 @@ const std::set<std::string, std::less<>>& known_variables() {
       "TORUS_SHARED_HOST_CACHE_BYTES", "TORUS_SHARED_HOST_FORK",
       // optimizers (docs/optim.md)
       "TORUS_CPU_ADAM_ISA",
+      // Neuron runtime (docs/neuron.md)
+      "TORUS_NEURON_LIBRARY",
       // Read by the build scripts and tests, never by the library (docs/testing.md).
       "TORUS_BUILD_DIR", "TORUS_JOBS", "TORUS_NP", "TORUS_GPU_JOBS", "TORUS_SKIP_APT", "TORUS_NO_CUDA",
       "TORUS_CTEST_ARGS", "TORUS_REQUIRE_GPU", "TORUS_BOOTSTRAP_TOKEN_RANK"};
@@ -199,6 +201,7 @@ EnvParams EnvParams::from_env() {
                 "TORUS_CPU_ADAM_ISA='{}' must be auto, scalar, avx2 or avx512", *v);
     p.cpu_adam_isa = *v;
   }
+  if (auto v = env_string("TORUS_NEURON_LIBRARY")) p.neuron_library = *v;
   for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
     if (std::strncmp(*e, "TORUS_", 6) != 0) continue;
     const char* eq = std::strchr(*e, '=');
@@ -253,6 +256,7 @@ std::vector<std::pair<std::string, std::string>> EnvParams::describe() const {
       {"TORUS_SHARED_HOST_CACHE_BYTES", opt(shared_host.cache_bytes)},
       {"TORUS_SHARED_HOST_FORK", shared_host.fork_copy ? "copy" : "view"},
       {"TORUS_CPU_ADAM_ISA", cpu_adam_isa.empty() ? "auto" : cpu_adam_isa},
+      {"TORUS_NEURON_LIBRARY", neuron_library.empty() ? "libnrt.so.1" : neuron_library},
   };
 }
 

@@ -11,6 +11,11 @@
 #if TORUS_WITH_CUDA
 #include "device/cuda/cuda_device.h"
 #endif
+#if TORUS_WITH_NEURON
+#include "device/neuron/neuron_device.h"
+#else
+#include "torus/device/neuron.h"
+#endif
 
 namespace torus::device {
 
@@ -141,6 +146,8 @@ Event Device::create_event(const EventOptions& options) {
 Device* accelerator() {
 #if TORUS_WITH_CUDA
   return &cuda::cuda_device();
+#elif TORUS_WITH_NEURON
+  return &neuron::neuron_device();
 #else
   return nullptr;
 #endif
@@ -161,12 +168,13 @@ Device& get_device(DeviceType type) {
 
 int select_device_for_local_rank(int local_rank, int local_size) {
   Device* a = accelerator();
-  TORUS_CHECK(a != nullptr, Unsupported, "no accelerator is built into this Torus (configure with TORUS_WITH_CUDA=ON)");
+  TORUS_CHECK(a != nullptr, Unsupported,
+              "no accelerator is built into this Torus (configure with TORUS_WITH_CUDA=ON or TORUS_WITH_NEURON=ON)");
   TORUS_CHECK(local_rank >= 0 && local_size > local_rank, InvalidArgument,
               "select_device_for_local_rank: local rank {} of {} is out of range", local_rank, local_size);
   int n = a->count();
-  TORUS_CHECK(n > 0, Error, "no {} device is visible to local rank {} (check the driver and CUDA_VISIBLE_DEVICES)",
-              device_type_name(a->type()), local_rank);
+  TORUS_CHECK(n > 0, Error, "no {} device is visible to local rank {}: {}", device_type_name(a->type()), local_rank,
+              a->describe());
   if (n > 1 && n < local_size) {
     TORUS_LOG_WARN("{} local ranks share {} visible {} devices: ranks {} apart use the same device, which NCCL rejects",
                    local_size, n, device_type_name(a->type()), n);
@@ -277,5 +285,23 @@ void PinnedBuffer::reset() noexcept {
   ptr_ = nullptr;
   bytes_ = 0;
 }
+
+#if !TORUS_WITH_NEURON
+// --- neuron.h in a build without Neuron ---------------------------------------------
+
+namespace neuron {
+
+RuntimeInfo runtime_info() noexcept {
+  RuntimeInfo info;
+  info.reason = "this Torus was built without the Neuron backend (configure with TORUS_WITH_NEURON=ON)";
+  return info;
+}
+
+AllocatorStats allocator_stats() { throw Unsupported(runtime_info().reason); }
+void empty_cache() { throw Unsupported(runtime_info().reason); }
+void reset_peak_stats() { throw Unsupported(runtime_info().reason); }
+
+}  // namespace neuron
+#endif
 
 }  // namespace torus::device

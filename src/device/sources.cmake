@@ -1,4 +1,6 @@
-# The device layer: the CPU device always; the CUDA device with TORUS_WITH_CUDA.
+# The device layer: the CPU device always; the CUDA device with TORUS_WITH_CUDA,
+# or the Neuron device with TORUS_WITH_NEURON (its runtime is opened at run
+# time: nothing to link but libdl).
 # The CUDA runtime is linked as a shared library (libcudart.so), the same one
 # LibTorch's CUDA build loads, so that streams and events cross between them.
 target_sources(torus_base PRIVATE
@@ -7,4 +9,12 @@ target_sources(torus_base PRIVATE
 if(TORUS_WITH_CUDA)
   target_sources(torus_base PRIVATE ${CMAKE_CURRENT_LIST_DIR}/cuda/cuda_device.cpp)
   target_link_libraries(torus_base PUBLIC CUDA::cudart)
+endif()
+if(TORUS_WITH_NEURON)
+  target_sources(torus_base PRIVATE
+    ${CMAKE_CURRENT_LIST_DIR}/neuron/nrt_library.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/neuron/neuron_memory.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/neuron/neuron_device.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/neuron/neff_program.cpp)
+  target_link_libraries(torus_base PUBLIC ${CMAKE_DL_LIBS})
 endif()

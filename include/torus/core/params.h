@@ -99,6 +99,12 @@ struct EnvParams {
   // --- optimizers (docs/optim.md, "CPU Adam") ------------------------------------
   std::string cpu_adam_isa;                      // TORUS_CPU_ADAM_ISA: auto | scalar | avx2 | avx512 (empty: auto)
 
+  // --- Neuron runtime (docs/neuron.md; Neuron builds only) ------------------------
+  // The Neuron runtime library to load: a path, or empty for libnrt.so.1
+  // through the usual library search path. The runtime reads its own
+  // NEURON_RT_* variables (NEURON_RT_VISIBLE_CORES, ...); Torus does not.
+  std::string neuron_library;                    // TORUS_NEURON_LIBRARY
+
   // Reads the process environment. Throws InvalidArgument naming the variable
   // when a value does not parse or is out of range. Unknown TORUS_* variables
   // are collected in `unknown` (logged as a warning, since they are usually

@@ -1,5 +1,6 @@
 // Private: the watchdog of one NCCL communicator — the policy that completes,
-// times out and aborts stream-ordered ops. Free of CUDA and NCCL: the backend
+// times out and aborts stream-ordered ops. Shared with the neuron backend
+// (src/comm/neuron), whose ops complete asynchronously in the same way. Free of CUDA and NCCL: the backend
 // plugs them in through hooks (a completion probe per op; the communicator's
 // asynchronous error and abort), so the policy is tested on any machine with
 // fake hooks and an injected clock.
