@@ -3,6 +3,7 @@
 #include "torus/optim/cpu_adam.h"
 
 #include <ATen/MemoryOverlap.h>
+#include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 
 #include <cmath>
@@ -14,6 +15,17 @@
 namespace torus::optim {
 namespace cpu {
 namespace {
+
+// The CPU Adam kernel's workers in libtorus: ATen's intra-op pool
+// (cpu_adam_kernel.h, ThreadPool), installed when the library loads.
+int aten_num_threads() { return at::get_num_threads(); }
+void aten_run(int64_t workers, const std::function<void(int64_t)>& fn) {
+  at::parallel_for(0, workers, 1, [&](int64_t w0, int64_t w1) {
+    for (int64_t w = w0; w < w1; ++w) fn(w);
+  });
+}
+const ThreadPool kAtenPool{aten_num_threads, aten_run};
+[[maybe_unused]] const bool kAtenPoolInstalled = (set_thread_pool(&kAtenPool), true);
 
 std::optional<Dtype> dtype_of(at::ScalarType t) {
   switch (t) {

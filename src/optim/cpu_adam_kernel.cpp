@@ -2,11 +2,12 @@
 // the constants, found_inf, and the split of the elements over ATen's pool.
 // Compiled for the baseline ISA; the vector loops live in cpu_adam_avx2.cpp
 // and cpu_adam_avx512.cpp.
-#include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/log.h"
@@ -168,15 +169,38 @@ void adam_update(std::span<const AdamHyper> hypers, std::span<const AdamSlice> s
       fn(consts_for(live[j]), slices[live[j]], lo, hi);
     }
   };
-  const int64_t pool = threads > 0 ? std::min<int64_t>(threads, at::get_num_threads()) : at::get_num_threads();
+  const ThreadPool& tp = thread_pool();
+  const int64_t pool = threads > 0 ? std::min<int64_t>(threads, tp.num_threads()) : tp.num_threads();
   const int64_t workers = std::max<int64_t>(1, std::min(pool, total / kMinPerWorker));
   if (workers == 1) return run(0, total);
   auto bound = [&](int64_t w) {
     return w == workers ? total : std::min(total, (total * w / workers) / kSplitAlign * kSplitAlign);
   };
-  at::parallel_for(0, workers, 1, [&](int64_t w0, int64_t w1) {
-    for (int64_t w = w0; w < w1; ++w) run(bound(w), bound(w + 1));
-  });
+  tp.run(workers, [&](int64_t w) { run(bound(w), bound(w + 1)); });
 }
+
+namespace {
+
+// Without libtorus: one std::thread per worker beyond the calling thread.
+int default_num_threads() { return static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
+void default_run(int64_t workers, const std::function<void(int64_t)>& fn) {
+  std::vector<std::thread> extra;
+  extra.reserve(static_cast<size_t>(workers - 1));
+  for (int64_t w = 1; w < workers; ++w) extra.emplace_back([&fn, w] { fn(w); });
+  fn(0);
+  for (auto& t : extra) t.join();
+}
+
+std::atomic<const ThreadPool*> g_pool{nullptr};
+
+}  // namespace
+
+const ThreadPool& thread_pool() {
+  static const ThreadPool fallback{default_num_threads, default_run};
+  const ThreadPool* p = g_pool.load(std::memory_order_acquire);
+  return p != nullptr ? *p : fallback;
+}
+
+void set_thread_pool(const ThreadPool* pool) { g_pool.store(pool, std::memory_order_release); }
 
 }  // namespace torus::optim::cpu

@@ -46,6 +46,7 @@ torus_add_test(NAME neuron_device_old_runtime TARGET torus_neuron_device_tests L
 # The comm backend on 2, 3 and 4 ranks (the fake's 4 NeuronCores: one per
 # rank), then the faults on 3 ranks. Shares the conformance suite's fixture.
 add_executable(torus_neuron_backend_tests ${CMAKE_CURRENT_LIST_DIR}/neuron_backend_test.cpp
+               ${CMAKE_CURRENT_LIST_DIR}/host_offload_test.cpp
                ${PROJECT_SOURCE_DIR}/tests/backend/backend_fixture.cpp)
 target_link_libraries(torus_neuron_backend_tests PRIVATE torus_test_main torus_base)
 target_compile_definitions(torus_neuron_backend_tests PRIVATE TORUS_BACKEND_TESTS_STORE=$<BOOL:${TORUS_WITH_OFI}>)

@@ -36,6 +36,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string_view>
 
@@ -102,5 +103,18 @@ void adam_update(const AdamHyper& hyper, const AdamSlice& slice, int threads = 0
 // (each with its own step and found_inf).
 void adam_update(std::span<const AdamHyper> hypers, std::span<const AdamSlice> slices, int threads = 0,
                  Isa isa = Isa::kAuto);
+
+// The workers adam_update runs on. libtorus installs ATen's intra-op pool
+// when it is loaded (so "0 threads" means at::get_num_threads(), as in every
+// other LibTorch-facing layer); a program linking only the LibTorch-free
+// layer (the Neuron host optimizer's tests) gets one std::thread per worker.
+// run(workers, fn) calls fn(w) once for each w in [0, workers) and returns
+// when all are done. The pool object must outlive every update.
+struct ThreadPool {
+  int (*num_threads)();
+  void (*run)(int64_t workers, const std::function<void(int64_t)>& fn);
+};
+const ThreadPool& thread_pool();
+void set_thread_pool(const ThreadPool* pool);
 
 }  // namespace torus::optim::cpu
