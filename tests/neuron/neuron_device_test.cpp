@@ -6,6 +6,7 @@
 //   available  the fake is loaded: memory, copies, fills, the cache, events
 //   cores=1-2  NEURON_RT_VISIBLE_CORES=1-2: two cores visible
 //   oom        4 MiB per core: the cache is released and the allocation retried
+//   alloc-fail the runtime fails every allocation after the second
 //   absent     no library: zero devices, clear errors, never a crash
 //   old        a 1.x runtime: refused with the version named
 #include <gtest/gtest.h>
@@ -233,6 +234,21 @@ TEST(NeuronDevice, ReleasesTheCacheWhenTheRuntimeIsOutOfMemory) {
   }
   EXPECT_EQ(neuron::allocator_stats().failed_allocations, 1u);
   neuron().deallocate(b);
+}
+
+TEST(NeuronDevice, AFailingRuntimeAllocationIsAClearError) {
+  REQUIRE_EXPECTATION("alloc-fail");  // TORUS_TEST_FAKE_NRT_FAIL_ALLOC_AFTER=2
+  DeviceBuffer a(DeviceType::kNeuron, 100), b(DeviceType::kNeuron, 5000);
+  try {
+    DeviceBuffer c(DeviceType::kNeuron, 100000);
+    ADD_FAILURE() << "the third allocation succeeded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("NRT_RESOURCE"), std::string::npos) << e.what();
+  }
+  // Freed blocks are still served from the cache.
+  b.reset();
+  EXPECT_NO_THROW(DeviceBuffer(DeviceType::kNeuron, 4990));  // the same 5120-byte class
+  EXPECT_EQ(neuron::allocator_stats().failed_allocations, 1u);
 }
 
 TEST(NeuronDevice, WithoutTheRuntimeThereAreNoDevicesAndClearErrors) {

@@ -38,6 +38,8 @@ torus_add_test(NAME neuron_device_visible_cores TARGET torus_neuron_device_tests
                ENV ${_fake} TORUS_TEST_NEURON_EXPECT=cores=1-2 NEURON_RT_VISIBLE_CORES=1-2)
 torus_add_test(NAME neuron_device_oom TARGET torus_neuron_device_tests LABELS neuron
                ENV ${_fake} TORUS_TEST_NEURON_EXPECT=oom TORUS_TEST_FAKE_NRT_CORE_BYTES=4194304)
+torus_add_test(NAME neuron_device_alloc_fail TARGET torus_neuron_device_tests LABELS neuron
+               ENV ${_fake} TORUS_TEST_NEURON_EXPECT=alloc-fail TORUS_TEST_FAKE_NRT_FAIL_ALLOC_AFTER=2)
 torus_add_test(NAME neuron_device_no_library TARGET torus_neuron_device_tests LABELS neuron
                ENV TORUS_NEURON_LIBRARY=/nonexistent/libnrt.so.1 TORUS_TEST_NEURON_EXPECT=absent)
 torus_add_test(NAME neuron_device_old_runtime TARGET torus_neuron_device_tests LABELS neuron
