@@ -285,9 +285,9 @@ class NeuronBackend final : public Backend, public std::enable_shared_from_this<
     // completions run on its own thread.
     if (std::string reason = failure_->get(); !reason.empty()) watchdog_->abort(reason);
     if (watchdog_->broken()) {
-      return failed(std::move(info), std::make_exception_ptr(CommError(fmt::format(
-                                         "{}: group '{}' is broken ({})", info.describe(), group_.name,
-                                         watchdog_->broken_reason()))));
+      std::string message =
+          fmt::format("{}: group '{}' is broken ({})", info.describe(), group_.name, watchdog_->broken_reason());
+      return failed(std::move(info), std::make_exception_ptr(CommError(message)));
     }
     if (in_bytes == 0 && out_bytes == 0) return make_completed_work(std::move(info));
     device::Device& dev = device::get_device(DeviceType::kNeuron);
