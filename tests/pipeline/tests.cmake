@@ -46,3 +46,10 @@ if(TORUS_WITH_OFI)
            COMMAND ${TORUS_PYTHON_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/killed_rank_test.py $<TARGET_FILE:torus-train>)
   set_tests_properties(train_killed_rank PROPERTIES TIMEOUT 240 LABELS "multirank;np4;pipeline;fault" PROCESSORS 1)
 endif()
+
+# A pipeline of precompiled programs (ProgramStage) under the executor, on 2
+# ranks, against closed forms.
+add_executable(torus_program_stage_tests ${CMAKE_CURRENT_LIST_DIR}/program_stage_test.cpp)
+target_link_libraries(torus_program_stage_tests PRIVATE torus_test_main torus)
+torus_add_mpi_test(NAME pipeline_program_stage_np2 TARGET torus_program_stage_tests NP 2 LABELS "pipeline"
+                   TIMEOUT 120)

@@ -5,4 +5,4 @@ target_sources(torus_base PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/simulate.cpp
   ${CMAKE_CURRENT_LIST_DIR}/partition.cpp)
 # The executor runs schedules on tensors through the ProcessGroup.
-target_sources(torus PRIVATE ${CMAKE_CURRENT_LIST_DIR}/executor.cpp)
+target_sources(torus PRIVATE ${CMAKE_CURRENT_LIST_DIR}/executor.cpp ${CMAKE_CURRENT_LIST_DIR}/program_stage.cpp)
