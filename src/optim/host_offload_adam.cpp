@@ -87,14 +87,9 @@ void HostOffloadAdam::step(float grad_scale) {
   void* host_param = f32 ? static_cast<void*>(host_param32_.data()) : static_cast<void*>(host_param16_.data());
   dev.copy(host_grad, dev_grad_shard_, bytes);
   // 3: Adam on the master shard, the mean gradient, the rounded write-back.
-  cpu::AdamHyper h;
-  h.lr = options_.lr;
-  h.beta1 = options_.beta1;
-  h.beta2 = options_.beta2;
-  h.eps = options_.eps;
-  h.weight_decay = options_.weight_decay;
-  h.decoupled = options_.decoupled;
+  cpu::AdamHyper h = options_.adam;
   h.step = steps_ + 1;
+  h.found_inf = nullptr;
   h.grad_scale = grad_scale / static_cast<float>(dp_.size());
   cpu::AdamSlice s;
   s.param = master_.data();

@@ -66,13 +66,13 @@ void run_case(DType dtype, bool decoupled, double wd) {
   for (size_t i = 0; i < numel; ++i) p0[i] = init_of(i);
   upload(params.data(), p0);
   optim::HostOffloadAdamOptions o;
-  o.lr = 0.01;
-  o.weight_decay = wd;
-  o.decoupled = decoupled;
+  o.adam.lr = 0.01;
+  o.adam.weight_decay = wd;
+  o.adam.decoupled = decoupled;
   o.timeout = op_timeout();
   optim::HostOffloadAdam opt(w, params.data(), grads.data(), numel, dtype, o);
   EXPECT_EQ(opt.shard_numel() * static_cast<size_t>(w.size()), numel);
-  RefAdam ref{o.lr, o.beta1, o.beta2, o.eps, wd, decoupled};
+  RefAdam ref{o.adam.lr, o.adam.beta1, o.adam.beta2, o.adam.eps, wd, decoupled};
   // The reference starts from the parameters as stored (rounded to dtype).
   std::vector<double> rp(numel), rm(numel, 0), rv(numel, 0);
   std::vector<float> stored = download(params.data());

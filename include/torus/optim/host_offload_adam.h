@@ -36,6 +36,7 @@
 
 #include "torus/comm/types.h"
 #include "torus/core/dtype.h"
+#include "torus/optim/cpu_adam_kernel.h"
 
 namespace torus::comm {
 class Backend;
@@ -44,14 +45,11 @@ class Backend;
 namespace torus::optim {
 
 struct HostOffloadAdamOptions {
-  double lr = 1e-3;
-  double beta1 = 0.9;
-  double beta2 = 0.999;
-  double eps = 1e-8;
-  double weight_decay = 0.0;
-  bool decoupled = true;  // AdamW; false: Adam with L2 (g += wd p)
+  // lr, betas, eps, weight decay and decoupled (AdamW) of the kernel's
+  // hyper-parameters; step, grad_scale and found_inf are set by each step().
+  cpu::AdamHyper adam;
   comm::Duration timeout = std::chrono::minutes(10);  // of each collective
-  int threads = 0;        // CPU Adam workers (0: all of the pool)
+  int threads = 0;  // CPU Adam workers (0: all of the pool)
 };
 
 class HostOffloadAdam {
@@ -78,7 +76,7 @@ class HostOffloadAdam {
   const float* master() const { return master_.data(); }
   const float* exp_avg() const { return exp_avg_.data(); }
   const float* exp_avg_sq() const { return exp_avg_sq_.data(); }
-  void set_lr(double lr) { options_.lr = lr; }
+  void set_lr(double lr) { options_.adam.lr = lr; }
 
  private:
   comm::Backend& dp_;
