@@ -4,7 +4,6 @@
 #include "comm/ofi/engine.h"
 
 #include <signal.h>
-#include <sched.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -18,19 +17,6 @@ namespace torus::comm::ofi {
 namespace {
 
 constexpr auto kLivenessPeriod = std::chrono::milliseconds(100);
-
-constexpr int kSpinPolls = 64;
-// Spins briefly (`spin_polls` tries), then yields, then naps: cheap when a
-// result is imminent, polite when it is not (ranks may outnumber cores).
-void backoff(int idle, int spin_polls) {
-  if (idle < spin_polls) {
-    __builtin_ia32_pause();
-  } else if (idle < spin_polls + 4096) {
-    sched_yield();
-  } else {
-    std::this_thread::sleep_for(std::chrono::microseconds(50));
-  }
-}
 
 }  // namespace
 
@@ -258,8 +244,8 @@ bool Engine::run_inline(Op& op, const GroupState& group, std::chrono::nanosecond
   };
   bool finished = false;
   try {
-    const unsigned pauses = options_.oversubscribed ? kOversubscribedPauses : kSpinPauses;
-    finished = spin_politely(spin, advance, [&group] { return group.broken(); }, pauses);
+    finished = spin_politely(wait_policy(Wait::kInline, options_.oversubscribed), spin, advance,
+                             [&group] { return group.broken(); });
   } catch (...) {
     return false;  // a wait condition threw (the segment broke): the engine asks again and fails the op
   }
@@ -272,7 +258,7 @@ bool Engine::run_inline(Op& op, const GroupState& group, std::chrono::nanosecond
 bool Engine::drive_until(const OfiWork& work, Clock::time_point until) {
   waiters_.fetch_add(1, std::memory_order_acq_rel);
   thread_local std::vector<Completion> completions;
-  int idle = 0;
+  Backoff backoff(wait_policy(Wait::kDrive, options_.oversubscribed));
   bool ok = false;
   while (!(ok = work.is_completed())) {
     if (until != Clock::time_point::max() && Clock::now() >= until) break;
@@ -288,8 +274,11 @@ bool Engine::drive_until(const OfiWork& work, Clock::time_point until) {
       driver_mu_.unlock();
       if (!completions.empty()) complete(completions);
     }
-    idle = progressed ? 0 : idle + 1;
-    if (!progressed) backoff(idle, options_.oversubscribed ? static_cast<int>(kOversubscribedPauses) : kSpinPolls);
+    if (progressed) {
+      backoff.reset();
+    } else {
+      backoff.wait();
+    }
   }
   if (waiters_.fetch_sub(1, std::memory_order_acq_rel) == 1 && outstanding_.load(std::memory_order_relaxed) > 0) {
     std::lock_guard<std::mutex> lock(state_mu_);  // no lost wake-up against the engine thread's check
@@ -301,7 +290,7 @@ bool Engine::drive_until(const OfiWork& work, Clock::time_point until) {
 void Engine::thread_main() {
   std::vector<Completion> completions;
   auto last_active = Clock::now();
-  int idle = 0;
+  Backoff backoff(wait_policy(Wait::kDrive, options_.oversubscribed));
   while (true) {
     {
       std::unique_lock<std::mutex> lock(state_mu_);
@@ -320,12 +309,12 @@ void Engine::thread_main() {
         // A waiter drives; the last one to leave wakes this thread if ops
         // remain (drive_until), else it looks again within a millisecond.
         cv_.wait_for(lock, std::chrono::milliseconds(1));
-        idle = 0;
+        backoff.reset();
         continue;
       }
       if (!work) {
         cv_.wait_for(lock, options_.standby_poll);
-        idle = 0;
+        backoff.reset();
         if (!has_incoming_.load(std::memory_order_acquire)) continue;
       }
     }
@@ -339,8 +328,11 @@ void Engine::thread_main() {
       driver_mu_.unlock();
       if (!completions.empty()) complete(completions);
     }
-    idle = progressed ? 0 : idle + 1;
-    if (!progressed) backoff(idle, options_.oversubscribed ? static_cast<int>(kOversubscribedPauses) : kSpinPolls);
+    if (progressed) {
+      backoff.reset();
+    } else {
+      backoff.wait();
+    }
   }
 }
 

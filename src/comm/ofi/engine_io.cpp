@@ -8,20 +8,13 @@
 
 #include "comm/ofi/engine.h"
 #include "comm/ofi/ofi_check.h"
+#include "comm/ofi/spin.h"
 
 namespace torus::comm::ofi {
 namespace {
 
 constexpr uint32_t kControlMagic = 0x544f5231;  // "TOR1"
-constexpr int kGateSpins = 64;  // a few microseconds of pauses (Engine::gate)
-
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
+constexpr WaitPolicy kGateWait = wait_policy(Wait::kGate, false);
 constexpr int kControlRecvs = 4;
 constexpr int kCqBatch = 32;
 
@@ -74,12 +67,12 @@ bool Engine::own_region_free() {
   if (wedged_.load(std::memory_order_relaxed)) return false;
   // A live sender is inside a send for a few hundred nanoseconds (it is
   // delivering what this rank is probably waiting for): wait that long.
-  for (int spin = 0; spin <= kGateSpins; ++spin) {
+  for (Backoff spin(kGateWait);; spin.wait()) {
     if (mark_->inbox() == 0) {
       inbox_busy_since_ = Clock::time_point{};
       return true;
     }
-    cpu_relax();
+    if (!spin.spinning()) break;
   }
   // Note [Wedged endpoint]: a sender is inside a send to this rank. Live
   // ones leave within microseconds; one that stays while a same-host peer
@@ -180,11 +173,10 @@ long Engine::try_post(Request* r) {
   // (gate() refuses it later if the receiver died in there).
   InInbox inbox(p != nullptr ? p->inbox() : nullptr);
   if (p != nullptr && p->inbox() != nullptr) {
-    for (int spin = 0;; ++spin) {
+    for (Backoff spin(kGateWait);; spin.wait()) {
       const PeerProcess::State s = p->provider_state();
       if (s == PeerProcess::State::kOutside) break;
-      if (s == PeerProcess::State::kDiedInside || spin == kGateSpins) return -FI_EAGAIN;
-      cpu_relax();
+      if (s == PeerProcess::State::kDiedInside || !spin.spinning()) return -FI_EAGAIN;
     }
   }
   InProvider in(mark_.get());
@@ -210,10 +202,9 @@ Engine::Gate Engine::gate(const Request* r) {
   // leave within a few hundred nanoseconds; try_post() does the rest.
   const PeerProcess& p = peers_[static_cast<size_t>(r->peer)];
   if (p.inbox() == nullptr) return Gate::kPost;
-  for (int spin = 0;; ++spin) {
+  for (Backoff spin(kGateWait);; spin.wait()) {
     if (__atomic_load_n(p.inbox(), __ATOMIC_SEQ_CST) == 0) return Gate::kPost;
-    if (spin == kGateSpins) return Gate::kDefer;
-    cpu_relax();
+    if (!spin.spinning()) return Gate::kDefer;
   }
 }
 

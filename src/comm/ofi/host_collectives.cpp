@@ -345,13 +345,6 @@ void combine_slots(HostGroup* h, uint64_t r, const void* in, void* out, size_t c
   signal(h, Counter::kConsumed, r);
 }
 
-// Spins (spin.h) until ready() holds or `spin` has passed, or the segment
-// is aborted; returns whether ready() held.
-template <typename Ready>
-bool spin_until(const HostGroup* h, std::chrono::nanoseconds spin, Ready ready) {
-  return spin_politely(spin, ready, [h] { return h->seg->is_aborted(); }, h->spin_pauses);
-}
-
 // This rank's data of a one-round op of round r: in its mailbox, or in its
 // in-slot with the `copied` signal.
 void publish_one_round(HostGroup* h, uint64_t r, const void* data, size_t bytes, bool mailbox) {
@@ -621,7 +614,10 @@ InlineOutcome host_all_reduce_inline(HostGroup* h, const void* in, void* out, si
   if (s.is_aborted()) return InlineOutcome::kNotStarted;
   const bool mailbox = bytes <= SegmentMailbox::kBytes;
   const uint64_t r = h->round + 1;
-  if (!spin_until(h, spin, [&] { return one_round_free(h, r, mailbox); })) return InlineOutcome::kNotStarted;
+  // The waits (spin.h) give up when `spin` has passed or the segment is aborted.
+  auto aborted = [&s] { return s.is_aborted(); };
+  auto writable = [&] { return one_round_free(h, r, mailbox); };
+  if (!spin_politely(h->inline_wait, spin, writable, aborted)) return InlineOutcome::kNotStarted;
   begin_op(h, op_signature(OpType::kAllReduce, t, op, -1, count));
   h->round = r;
   publish_one_round(h, r, in, bytes, mailbox);
@@ -639,7 +635,7 @@ InlineOutcome host_all_reduce_inline(HostGroup* h, const void* in, void* out, si
     }
     return true;
   };
-  if (!spin_until(h, spin, all_in)) return InlineOutcome::kPublished;
+  if (!spin_politely(h->inline_wait, spin, all_in, aborted)) return InlineOutcome::kPublished;
   // A disagreeing peer: the engine's finish names it (check_signature).
   for (int q = 0; q < L; ++q) {
     if (q != me && !signature_agrees(h, q)) return InlineOutcome::kPublished;
@@ -667,8 +663,11 @@ InlineOutcome host_broadcast_inline(HostGroup* h, void* buf, size_t bytes, int r
   if (s.is_aborted()) return InlineOutcome::kNotStarted;
   const uint64_t r = h->round + 1;
   const uint64_t sig = op_signature(OpType::kBroadcast, kBytes, ReduceOp::kSum, root, bytes);
+  // The waits (spin.h) give up when `spin` has passed or the segment is aborted.
+  auto aborted = [&s] { return s.is_aborted(); };
   if (me == root) {
-    if (!spin_until(h, spin, [&] { return one_round_free(h, r, mailbox); })) return InlineOutcome::kNotStarted;
+    auto writable = [&] { return one_round_free(h, r, mailbox); };
+    if (!spin_politely(h->inline_wait, spin, writable, aborted)) return InlineOutcome::kNotStarted;
     begin_op(h, sig);
     h->round = r;
     publish_one_round(h, r, buf, bytes, mailbox);
@@ -683,7 +682,9 @@ InlineOutcome host_broadcast_inline(HostGroup* h, void* buf, size_t bytes, int r
     if (seen < r) seen = counter(s, root, Counter::kCopied).load(std::memory_order_acquire);
     return seen >= r;
   };
-  if (!spin_until(h, spin, arrived) || !signature_agrees(h, root)) return InlineOutcome::kPublished;
+  if (!spin_politely(h->inline_wait, spin, arrived, aborted) || !signature_agrees(h, root)) {
+    return InlineOutcome::kPublished;
+  }
   if (mailbox) {
     note_consumed(h, root, r);
     std::memcpy(buf, s.mailbox(root, r).data, bytes);

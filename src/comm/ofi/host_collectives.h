@@ -44,8 +44,8 @@
 // has died (checked every 50 ms); deadlines are the engine's.
 #pragma once
 
-#include <cstddef>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -53,6 +53,7 @@
 #include "comm/ofi/engine.h"
 #include "comm/ofi/host_segment.h"
 #include "comm/ofi/peer_mappings.h"
+#include "comm/ofi/spin.h"
 #include "torus/comm/types.h"
 #include "torus/core/dtype.h"
 
@@ -66,7 +67,7 @@ struct HostGroup {
   // satisfied by them needs no cache-line transfer. [kind][local rank]
   std::vector<uint64_t> seen[3];
   size_t nt_bytes = size_t{16} << 20;  // ops this large write results with non-temporal stores
-  unsigned spin_pauses = 128;          // inline waits: pauses before the first yield (spin.h)
+  WaitPolicy inline_wait = wait_policy(Wait::kInline, false);  // the waits of host_*_inline (spin.h)
   size_t eager_bytes = 16 << 10;       // one-round ops through the in-slots up to this (OfiOptions)
   size_t zero_copy_bytes = 64 << 10;   // Note [Zero-copy host ops] from this many bytes per rank; 0: never
   std::unique_ptr<PeerMappings> peers = std::make_unique<PeerMappings>();  // the peers' shared buffers

@@ -522,7 +522,7 @@ std::shared_ptr<Topology> make_topology(const World& w, uint32_t context, uint64
     t->segment = std::make_unique<HostSegment>(cfg, *w.store);
     t->host.seg = t->segment.get();
     t->host.nt_bytes = w.options.shm_nt_bytes;
-    t->host.spin_pauses = w.oversubscribed ? kOversubscribedPauses : kSpinPauses;
+    t->host.inline_wait = wait_policy(Wait::kInline, w.oversubscribed);
     t->host.eager_bytes = w.options.shm_eager_bytes;
     t->host.zero_copy_bytes = w.options.shm_zero_copy_bytes;
     for (auto& seen : t->host.seen) seen.assign(static_cast<size_t>(t->local_size), 0);
