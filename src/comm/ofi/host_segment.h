@@ -14,7 +14,7 @@
 // slots of that round), and a ring of mailboxes (data of up to 56 bytes
 // with its round number in one line). A rank reuses its slots of round r for round
 // r + D, and its mailbox of round r for round r + kMailboxes, only once
-// every peer has consumed round r (Note [Segment rounds] in host_collectives.cpp).
+// every peer has consumed round r (Note [Segment rounds] in host_rounds.h).
 //
 // Rendezvous (constructor, collective over the local members): local rank 0
 // creates the object under a name unique to the job and group, exclusively,
