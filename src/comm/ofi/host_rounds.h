@@ -282,4 +282,28 @@ inline bool zero_copy_wanted(const HostGroup* h, size_t bytes) {
   return h->zero_copy_bytes > 0 && bytes >= h->zero_copy_bytes && h->local_size() > 1;
 }
 
+// --- The forms of each op, by mechanism ---------------------------------------
+// host_collectives.cpp has begun the op (begin_op) and checked that the form
+// applies; each form is the whole op. A zero-copy form first agrees with the
+// peers (Note [Zero-copy host ops]): it sets `agreed` when it did the op, and
+// otherwise leaves the op to the stripes. Arguments as in host_collectives.h.
+
+// Zero-copy (host_zero_copy.cpp). `from`: where this rank's block starts in
+// each peer's input (the all_to_all's first round).
+Task all_reduce_zero_copy(OpCtx& c, HostGroup* h, const void* in, void* out, size_t count, DType t, ReduceOp op,
+                          int64_t divisor, bool& agreed);
+Task reduce_scatter_blocks_zero_copy(OpCtx& c, HostGroup* h, const void* in, void* out, const std::vector<size_t>& len,
+                                     const std::vector<size_t>& off, DType t, ReduceOp op, bool& agreed);
+Task all_gather_blocks_zero_copy(OpCtx& c, HostGroup* h, void* out, const std::vector<size_t>& len,
+                                 const std::vector<size_t>& off, DType t, bool& agreed);
+Task reduce_scatter_zero_copy(OpCtx& c, HostGroup* h, const void* in, void* out, size_t count, DType t, ReduceOp op,
+                              int64_t divisor, bool& agreed);
+Task all_gather_zero_copy(OpCtx& c, HostGroup* h, const void* in, void* out, size_t count, size_t elt, bool& agreed);
+Task reduce_zero_copy(OpCtx& c, HostGroup* h, const void* in, void* out, size_t count, DType t, ReduceOp op,
+                      int64_t divisor, int root, bool& agreed);
+Task broadcast_zero_copy(OpCtx& c, HostGroup* h, void* buf, size_t bytes, int root, bool& agreed);
+Task all_to_all_zero_copy(OpCtx& c, HostGroup* h, const char* in, size_t sends, char* out, size_t total,
+                          const std::vector<size_t>& rdispl, const std::vector<size_t>& recv_counts, size_t elt,
+                          const std::vector<uint64_t>& from, bool& agreed);
+
 }  // namespace torus::comm::ofi
