@@ -1,10 +1,11 @@
 // Host-segment collectives (host_collectives.h); what they are made of (Note
 // [Segment rounds], the counters, signatures and waits) is in host_rounds.h,
+// their one-round forms, inline forms and the barrier in host_one_round.cpp,
 // their zero-copy forms in host_zero_copy.cpp.
 #include "comm/ofi/host_collectives.h"
 
 #include <algorithm>
-#include <span>
+#include <cstring>
 
 #include "comm/ofi/algo_step.h"
 #include "comm/ofi/algorithms.h"
@@ -26,213 +27,6 @@ std::string describe_signature(uint64_t sig) {
   }
   if (root >= 0) s += fmt::format(" rooted at local rank {}", root);
   return s;
-}
-
-namespace {
-
-// This rank's own contribution to a one-round combine is read from its
-// input, not from the copy it just published: that line is still on its
-// way to exclusive ownership (the peers held it), and reading it back would
-// wait for that, a cross-core round trip per op. The input holds the same
-// bits. Only srcs[0] and srcs[1] may alias the output (combine reduces
-// element by element into it), so an in-place input of a rank past the
-// second is read from its copy.
-const char* own_source(const HostGroup* h, const void* in, const void* out, const char* published) {
-  return in != out || h->local_rank() < 2 ? static_cast<const char*>(in) : published;
-}
-
-// Every mailbox of round r is in: out = the reduction, in rank order (the
-// same bits on every rank), of the `count` elements at byte `offset` of
-// each (this rank's own from `in`); then this rank is done with round r.
-void combine_mailboxes(HostGroup* h, uint64_t r, const void* in, void* out, size_t count, DType t, ReduceOp op,
-                       int64_t divisor, size_t offset = 0) {
-  const HostSegment& s = *h->seg;
-  const int L = s.local_size(), me = s.local_rank();
-  std::vector<const char*>& srcs = h->srcs;
-  srcs.resize(static_cast<size_t>(L));
-  for (int q = 0; q < L; ++q) {
-    srcs[static_cast<size_t>(q)] = s.mailbox(q, r).data + offset;
-  }
-  srcs[static_cast<size_t>(me)] = own_source(h, in, out, srcs[static_cast<size_t>(me)]);
-  float acc[SegmentMailbox::kBytes / 2];
-  combine(static_cast<char*>(out), srcs, count, t, op, divisor, acc);
-  signal(h, Counter::kConsumed, r);
-}
-
-// Every in-slot of round r is full: out = the reduction, in rank order, of
-// the `count` elements at byte `offset` of each (this rank's own from
-// `in`); then this rank is done with round r. Halves accumulate in the op's
-// scratch, or in the group's when there is no op (`c` null: inline).
-void combine_slots(HostGroup* h, uint64_t r, const void* in, void* out, size_t count, DType t, ReduceOp op,
-                   int64_t divisor, OpCtx* c, size_t offset = 0) {
-  const HostSegment& s = *h->seg;
-  const int L = s.local_size(), me = s.local_rank();
-  std::vector<const char*>& srcs = h->srcs;
-  srcs.resize(static_cast<size_t>(L));
-  for (int q = 0; q < L; ++q) srcs[static_cast<size_t>(q)] = s.in_slot(q, r) + offset;
-  srcs[static_cast<size_t>(me)] = own_source(h, in, out, srcs[static_cast<size_t>(me)]);
-  float* acc = nullptr;
-  if (is_half(t)) {
-    if (c != nullptr) {
-      acc = reinterpret_cast<float*>(c->scratch(count * sizeof(float)));
-    } else {
-      if (h->acc.size() < count) h->acc.resize(count);
-      acc = h->acc.data();
-    }
-  }
-  combine(static_cast<char*>(out), srcs, count, t, op, divisor, acc);
-  signal(h, Counter::kConsumed, r);
-}
-
-// This rank's data of a one-round op of round r: in its mailbox, or in its
-// in-slot with the `copied` signal.
-void publish_one_round(HostGroup* h, uint64_t r, const void* data, size_t bytes, bool mailbox) {
-  if (mailbox) {
-    publish_mailbox(h, r, data, bytes);
-  } else {
-    std::memcpy(h->seg->in_slot(h->local_rank(), r), data, bytes);
-    signal(h, Counter::kCopied, r);
-  }
-}
-
-// Whether this rank may write its mailbox (`mailbox`) or its slots of
-// round r now (Note [Segment rounds]): one look at each peer's `consumed`
-// line it has not yet seen far enough.
-bool one_round_free(HostGroup* h, uint64_t r, bool mailbox) {
-  const HostSegment& s = *h->seg;
-  const uint64_t depth = static_cast<uint64_t>(s.depth());
-  const uint64_t need = mailbox ? mailbox_free_after(r) : r > depth ? r - depth : 0;
-  std::vector<uint64_t>& consumed = h->seen[static_cast<int>(Counter::kConsumed)];
-  for (int q = 0; q < s.local_size(); ++q) {
-    uint64_t& v = consumed[static_cast<size_t>(q)];
-    if (q != s.local_rank() && v < need) {
-      v = counter(s, q, Counter::kConsumed).load(std::memory_order_acquire);
-      if (v < need) return false;
-    }
-  }
-  return true;
-}
-
-}  // namespace
-
-size_t host_inline_max_bytes(const HostGroup* h) { return std::max(SegmentMailbox::kBytes, eager_limit(h)); }
-
-InlineOutcome host_all_reduce_inline(HostGroup* h, const void* in, void* out, size_t count, DType t, ReduceOp op,
-                                     int64_t divisor, std::chrono::nanoseconds spin) {
-  const HostSegment& s = *h->seg;
-  const int L = s.local_size(), me = s.local_rank();
-  const size_t bytes = count * dtype_size(t);
-  TORUS_CHECK(bytes <= host_inline_max_bytes(h), InvalidArgument, "inline all_reduce of {} bytes; at most {}", bytes,
-              host_inline_max_bytes(h));
-  if (s.is_aborted()) return InlineOutcome::kNotStarted;
-  const bool mailbox = bytes <= SegmentMailbox::kBytes;
-  const uint64_t r = h->round + 1;
-  // The waits (spin.h) give up when `spin` has passed or the segment is aborted.
-  auto aborted = [&s] { return s.is_aborted(); };
-  auto writable = [&] { return one_round_free(h, r, mailbox); };
-  if (!spin_politely(h->inline_wait, spin, writable, aborted)) return InlineOutcome::kNotStarted;
-  begin_op(h, op_signature(OpType::kAllReduce, t, op, -1, count));
-  h->round = r;
-  publish_one_round(h, r, in, bytes, mailbox);
-  std::vector<uint64_t>& copied = h->seen[static_cast<int>(Counter::kCopied)];
-  auto all_in = [&] {
-    for (int q = 0; q < L; ++q) {
-      if (q == me) continue;
-      if (mailbox) {
-        if (s.mailbox(q, r).round.load(std::memory_order_acquire) < r) return false;
-      } else {
-        uint64_t& v = copied[static_cast<size_t>(q)];
-        if (v < r) v = counter(s, q, Counter::kCopied).load(std::memory_order_acquire);
-        if (v < r) return false;
-      }
-    }
-    return true;
-  };
-  if (!spin_politely(h->inline_wait, spin, all_in, aborted)) return InlineOutcome::kPublished;
-  // A disagreeing peer: the engine's finish names it (check_signature).
-  for (int q = 0; q < L; ++q) {
-    if (q != me && !signature_agrees(h, q)) return InlineOutcome::kPublished;
-  }
-  note_all_consumed(h, r);
-  if (mailbox) {
-    combine_mailboxes(h, r, in, out, count, t, op, divisor);
-  } else {
-    combine_slots(h, r, in, out, count, t, op, divisor, nullptr);
-  }
-  return InlineOutcome::kDone;
-}
-
-InlineOutcome host_broadcast_inline(HostGroup* h, void* buf, size_t bytes, int root, std::chrono::nanoseconds spin) {
-  const HostSegment& s = *h->seg;
-  const int L = s.local_size(), me = s.local_rank();
-  TORUS_CHECK(bytes > 0 && bytes <= host_inline_max_bytes(h), InvalidArgument,
-              "inline broadcast of {} bytes; 1 to {}", bytes, host_inline_max_bytes(h));
-  // host_broadcast's one-round forms: the mailbox, or one round of the
-  // root's in-slot when the op would not try the zero-copy path first.
-  const bool mailbox = bytes <= SegmentMailbox::kBytes;
-  if (!mailbox && (zero_copy_wanted(h, bytes) || bytes > static_cast<size_t>(L) * s.stripe_bytes())) {
-    return InlineOutcome::kNotStarted;
-  }
-  if (s.is_aborted()) return InlineOutcome::kNotStarted;
-  const uint64_t r = h->round + 1;
-  const uint64_t sig = op_signature(OpType::kBroadcast, kBytes, ReduceOp::kSum, root, bytes);
-  // The waits (spin.h) give up when `spin` has passed or the segment is aborted.
-  auto aborted = [&s] { return s.is_aborted(); };
-  if (me == root) {
-    auto writable = [&] { return one_round_free(h, r, mailbox); };
-    if (!spin_politely(h->inline_wait, spin, writable, aborted)) return InlineOutcome::kNotStarted;
-    begin_op(h, sig);
-    h->round = r;
-    publish_one_round(h, r, buf, bytes, mailbox);
-    signal(h, Counter::kConsumed, r);
-    return InlineOutcome::kDone;
-  }
-  begin_op(h, sig);
-  h->round = r;
-  uint64_t& seen = h->seen[static_cast<int>(Counter::kCopied)][static_cast<size_t>(root)];
-  auto arrived = [&] {
-    if (mailbox) return s.mailbox(root, r).round.load(std::memory_order_acquire) >= r;
-    if (seen < r) seen = counter(s, root, Counter::kCopied).load(std::memory_order_acquire);
-    return seen >= r;
-  };
-  if (!spin_politely(h->inline_wait, spin, arrived, aborted) || !signature_agrees(h, root)) {
-    return InlineOutcome::kPublished;
-  }
-  if (mailbox) {
-    note_consumed(h, root, r);
-    std::memcpy(buf, s.mailbox(root, r).data, bytes);
-  } else {
-    std::memcpy(buf, s.in_slot(root, r), bytes);
-  }
-  signal(h, Counter::kConsumed, r);
-  return InlineOutcome::kDone;
-}
-
-Task host_broadcast_finish(OpCtx& c, HostGroup* h, uint64_t round, void* buf, size_t bytes, int root) {
-  if (bytes <= SegmentMailbox::kBytes) {
-    co_await wait_mailboxes(c, h, round, root);
-    note_consumed(h, root, round);
-    std::memcpy(buf, h->seg->mailbox(root, round).data, bytes);
-  } else {
-    co_await wait_for(c, h, Counter::kCopied, round, root);
-    std::memcpy(buf, h->seg->in_slot(root, round), bytes);
-  }
-  signal(h, Counter::kConsumed, round);
-}
-
-Task host_all_reduce_finish(OpCtx& c, HostGroup* h, uint64_t round, const void* in, void* out, size_t count,
-                            DType t, ReduceOp op, int64_t divisor) {
-  if (count * dtype_size(t) <= SegmentMailbox::kBytes) {
-    co_await wait_mailboxes(c, h, round);
-  } else {
-    co_await wait_for(c, h, Counter::kCopied, round);
-  }
-  note_all_consumed(h, round);
-  if (count * dtype_size(t) <= SegmentMailbox::kBytes) {
-    combine_mailboxes(h, round, in, out, count, t, op, divisor);
-  } else {
-    combine_slots(h, round, in, out, count, t, op, divisor, &c);
-  }
 }
 
 Task host_pass(OpCtx& c, HostGroup* h, HostPass a) {
@@ -315,22 +109,11 @@ Task host_all_reduce(OpCtx& c, HostGroup* h, const void* in_v, void* out_v, size
   const char* in = static_cast<const char*>(in_v);
   char* out = static_cast<char*>(out_v);
   if (bytes <= SegmentMailbox::kBytes) {
-    const uint64_t r = ++h->round;
-    co_await wait_mailbox_free(c, h, r);
-    publish_mailbox(h, r, in, bytes);
-    co_await wait_mailboxes(c, h, r);
-    note_all_consumed(h, r);
-    combine_mailboxes(h, r, in, out, count, t, op, divisor);
+    co_await all_reduce_mailbox(c, h, in, out, count, t, op, divisor);
     co_return;
   }
   if (bytes <= eager_limit(h)) {
-    const uint64_t r = ++h->round;
-    co_await wait_slots_free(c, h, r);
-    std::memcpy(s.in_slot(me, r), in, bytes);
-    signal(h, Counter::kCopied, r);
-    co_await wait_for(c, h, Counter::kCopied, r);
-    note_all_consumed(h, r);
-    combine_slots(h, r, in, out, count, t, op, divisor, &c);
+    co_await all_reduce_eager(c, h, in, out, count, t, op, divisor);
     co_return;
   }
   if (zero_copy_wanted(h, bytes)) {
@@ -400,29 +183,11 @@ Task host_reduce_scatter(OpCtx& c, HostGroup* h, const void* in, void* out, size
   begin_op(h, op_signature(OpType::kReduceScatter, t, op, -1, count));
   const size_t L = static_cast<size_t>(h->local_size());
   if (const size_t block = count * dtype_size(t); L * block <= SegmentMailbox::kBytes && count > 0) {
-    // One mailbox round: every rank publishes its whole input and reduces
-    // its own block from all of them, in rank order.
-    const HostSegment& s = *h->seg;
-    const size_t me = static_cast<size_t>(s.local_rank());
-    const uint64_t r = ++h->round;
-    co_await wait_mailbox_free(c, h, r);
-    publish_mailbox(h, r, in, L * block);
-    co_await wait_mailboxes(c, h, r);
-    note_all_consumed(h, r);
-    combine_mailboxes(h, r, static_cast<const char*>(in) + me * block, out, count, t, op, divisor, me * block);
+    co_await reduce_scatter_mailbox(c, h, in, out, count, t, op, divisor);
     co_return;
   }
   if (const size_t block = count * dtype_size(t); L * block <= eager_limit(h) && count > 0) {
-    // One round through the in-slots, as the eager all_reduce.
-    const HostSegment& s = *h->seg;
-    const size_t me = static_cast<size_t>(s.local_rank());
-    const uint64_t r = ++h->round;
-    co_await wait_slots_free(c, h, r);
-    std::memcpy(s.in_slot(static_cast<int>(me), r), in, L * block);
-    signal(h, Counter::kCopied, r);
-    co_await wait_for(c, h, Counter::kCopied, r);
-    note_all_consumed(h, r);
-    combine_slots(h, r, static_cast<const char*>(in) + me * block, out, count, t, op, divisor, &c, me * block);
+    co_await reduce_scatter_eager(c, h, in, out, count, t, op, divisor);
     co_return;
   }
   HostPass a;
@@ -445,39 +210,11 @@ Task host_all_gather(OpCtx& c, HostGroup* h, const void* in, void* out, size_t c
   begin_op(h, op_signature(OpType::kAllGather, kBytes, ReduceOp::kSum, -1, count * elt));
   const size_t L = static_cast<size_t>(h->local_size());
   if (const size_t block = count * elt; block <= SegmentMailbox::kBytes && count > 0) {
-    // One mailbox round; this rank's own block comes from its input.
-    const HostSegment& s = *h->seg;
-    const size_t me = static_cast<size_t>(s.local_rank());
-    const uint64_t r = ++h->round;
-    co_await wait_mailbox_free(c, h, r);
-    publish_mailbox(h, r, in, block);
-    co_await wait_mailboxes(c, h, r);
-    note_all_consumed(h, r);
-    char* o = static_cast<char*>(out);
-    for (size_t q = 0; q < L; ++q) {
-      if (q != me) std::memcpy(o + q * block, s.mailbox(static_cast<int>(q), r).data, block);
-    }
-    copy_bytes(o + me * block, in, block);
-    signal(h, Counter::kConsumed, r);
+    co_await all_gather_mailbox(c, h, in, out, count, elt);
     co_return;
   }
   if (const size_t block = count * elt; L * block <= eager_limit(h) && count > 0) {
-    // One round through the in-slots: every rank stages its block, all copy
-    // all of them out.
-    const HostSegment& s = *h->seg;
-    const size_t me = static_cast<size_t>(s.local_rank());
-    const uint64_t r = ++h->round;
-    co_await wait_slots_free(c, h, r);
-    std::memcpy(s.in_slot(static_cast<int>(me), r), in, block);
-    signal(h, Counter::kCopied, r);
-    co_await wait_for(c, h, Counter::kCopied, r);
-    note_all_consumed(h, r);
-    char* o = static_cast<char*>(out);
-    for (size_t q = 0; q < L; ++q) {
-      if (q != me) std::memcpy(o + q * block, s.in_slot(static_cast<int>(q), r), block);
-    }
-    copy_bytes(o + me * block, in, block);
-    signal(h, Counter::kConsumed, r);
+    co_await all_gather_eager(c, h, in, out, count, elt);
     co_return;
   }
   if (const size_t block = count * elt; zero_copy_wanted(h, L * block) && count > 0) {
@@ -500,20 +237,7 @@ Task host_reduce(OpCtx& c, HostGroup* h, const void* in, void* out, size_t count
   begin_op(h, op_signature(OpType::kReduce, t, op, root, count));
   const size_t e = dtype_size(t);
   if (count * e <= SegmentMailbox::kBytes && count > 0) {
-    // One mailbox round; only the root waits (the others may run ahead:
-    // wait_mailbox_free keeps them from overwriting what it has not read).
-    const HostSegment& s = *h->seg;
-    const int me = s.local_rank();
-    const uint64_t r = ++h->round;
-    co_await wait_mailbox_free(c, h, r);
-    publish_mailbox(h, r, in, count * e);
-    if (me == root) {
-      co_await wait_mailboxes(c, h, r);
-      note_all_consumed(h, r);
-      combine_mailboxes(h, r, in, out, count, t, op, divisor);
-    } else {
-      signal(h, Counter::kConsumed, r);
-    }
+    co_await reduce_mailbox(c, h, in, out, count, t, op, divisor, root);
     co_return;
   }
   const bool is_root = h->local_rank() == root;
@@ -544,17 +268,7 @@ Task host_broadcast(OpCtx& c, HostGroup* h, void* buf_v, size_t bytes, int root)
   const int me = s.local_rank();
   char* buf = static_cast<char*>(buf_v);
   if (bytes <= SegmentMailbox::kBytes && bytes > 0) {
-    // One mailbox round: the root publishes and goes on; the others copy.
-    const uint64_t r = ++h->round;
-    if (me == root) {
-      co_await wait_mailbox_free(c, h, r);
-      publish_mailbox(h, r, buf, bytes);
-    } else {
-      co_await wait_mailboxes(c, h, r, root);
-      note_consumed(h, root, r);
-      std::memcpy(buf, s.mailbox(root, r).data, bytes);
-    }
-    signal(h, Counter::kConsumed, r);
+    co_await broadcast_mailbox(c, h, buf, bytes, root);
     co_return;
   }
   if (zero_copy_wanted(h, bytes)) {
@@ -702,14 +416,6 @@ Task host_all_to_all(OpCtx& c, HostGroup* h, const void* in_v, void* out_v, std:
       signal(h, Counter::kCopied, r + 1);
     }
   }
-}
-
-Task host_barrier(OpCtx& c, HostGroup* h) {
-  begin_op(h, op_signature(OpType::kBarrier, kBytes, ReduceOp::kSum, -1, 0));
-  const uint64_t r = ++h->round;
-  signal(h, Counter::kCopied, r);
-  co_await wait_for(c, h, Counter::kCopied, r);
-  signal(h, Counter::kConsumed, r);
 }
 
 }  // namespace torus::comm::ofi

@@ -288,6 +288,23 @@ inline bool zero_copy_wanted(const HostGroup* h, size_t bytes) {
 // peers (Note [Zero-copy host ops]): it sets `agreed` when it did the op, and
 // otherwise leaves the op to the stripes. Arguments as in host_collectives.h.
 
+// One round (host_one_round.cpp): through the mailboxes, up to
+// SegmentMailbox::kBytes per rank, or through the in-slots ("eager"), up to
+// eager_limit().
+Task all_reduce_mailbox(OpCtx& c, HostGroup* h, const void* in, void* out, size_t count, DType t, ReduceOp op,
+                        int64_t divisor);
+Task all_reduce_eager(OpCtx& c, HostGroup* h, const void* in, void* out, size_t count, DType t, ReduceOp op,
+                      int64_t divisor);
+Task reduce_scatter_mailbox(OpCtx& c, HostGroup* h, const void* in, void* out, size_t count, DType t, ReduceOp op,
+                            int64_t divisor);
+Task reduce_scatter_eager(OpCtx& c, HostGroup* h, const void* in, void* out, size_t count, DType t, ReduceOp op,
+                          int64_t divisor);
+Task all_gather_mailbox(OpCtx& c, HostGroup* h, const void* in, void* out, size_t count, size_t elt);
+Task all_gather_eager(OpCtx& c, HostGroup* h, const void* in, void* out, size_t count, size_t elt);
+Task reduce_mailbox(OpCtx& c, HostGroup* h, const void* in, void* out, size_t count, DType t, ReduceOp op,
+                    int64_t divisor, int root);
+Task broadcast_mailbox(OpCtx& c, HostGroup* h, void* buf, size_t bytes, int root);
+
 // Zero-copy (host_zero_copy.cpp). `from`: where this rank's block starts in
 // each peer's input (the all_to_all's first round).
 Task all_reduce_zero_copy(OpCtx& c, HostGroup* h, const void* in, void* out, size_t count, DType t, ReduceOp op,

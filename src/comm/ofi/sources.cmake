@@ -12,6 +12,7 @@ if(TORUS_WITH_OFI)
     ${CMAKE_CURRENT_LIST_DIR}/algo_move.cpp
     ${CMAKE_CURRENT_LIST_DIR}/host_segment.cpp
     ${CMAKE_CURRENT_LIST_DIR}/host_collectives.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/host_one_round.cpp
     ${CMAKE_CURRENT_LIST_DIR}/host_zero_copy.cpp
     ${CMAKE_CURRENT_LIST_DIR}/peer_mappings.cpp
     ${CMAKE_CURRENT_LIST_DIR}/stream_copy.cpp
