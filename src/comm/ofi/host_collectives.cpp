@@ -1,16 +1,13 @@
-// Host-segment collectives (host_collectives.h); what they are made of (Note
-// [Segment rounds], the counters, signatures and waits) is in host_rounds.h,
-// their one-round forms, inline forms and the barrier in host_one_round.cpp,
-// their zero-copy forms in host_zero_copy.cpp.
+// Host-segment collectives (host_collectives.h): the path each op takes.
+// One round when its data fits (the mailboxes, or the in-slots up to the
+// eager size: host_one_round.cpp); else zero-copy when it is large enough
+// and every local rank's buffers allow it (host_zero_copy.cpp); else the
+// staging stripes (host_stripes.cpp). The all_to_all, whose first round
+// makes that choice, lives with the stripes; the inline forms and the
+// barrier with the one-round ops. What they share is in host_rounds.h.
 #include "comm/ofi/host_collectives.h"
 
-#include <algorithm>
-#include <cstring>
-
-#include "comm/ofi/algo_step.h"
-#include "comm/ofi/algorithms.h"
 #include "comm/ofi/host_rounds.h"
-#include "torus/comm/shared_host.h"
 
 namespace torus::comm::ofi {
 
@@ -29,85 +26,10 @@ std::string describe_signature(uint64_t sig) {
   return s;
 }
 
-Task host_pass(OpCtx& c, HostGroup* h, HostPass a) {
-  const HostSegment& s = *h->seg;
-  const int L = s.local_size(), me = s.local_rank();
-  const size_t e = dtype_size(a.dtype), stripe = s.stripe_bytes(), ce = stripe / e;
-  const size_t um = static_cast<size_t>(me);
-  size_t rounds = 0, total = 0;
-  for (size_t l : a.len) {
-    rounds = std::max(rounds, algo::chunks_of(l, ce));
-    total += l * e;
-  }
-  const bool reduce = a.in != nullptr;
-  const bool i_gather = a.gather && (a.gather_root < 0 || a.gather_root == me);
-  auto put = [nt = total >= h->nt_bytes](char* dst, const char* src, size_t n) { put_output(dst, src, n, nt); };
-  auto len = [&](int p, size_t t) { return algo::chunk_len(a.len[static_cast<size_t>(p)], ce, t); };
-  // This rank's stripe t of every other block into its in-slot of round r.
-  auto copy_in = [&](size_t t, uint64_t r) {
-    char* slot = s.in_slot(me, r);
-    for (int p = 0; p < L; ++p) {
-      size_t n = len(p, t);
-      if (p != me && n > 0) {
-        std::memcpy(slot + static_cast<size_t>(p) * stripe, a.in + (a.in_off[static_cast<size_t>(p)] + t * ce) * e,
-                    n * e);
-      }
-    }
-    signal(h, Counter::kCopied, r);
-  };
-  float* acc = is_half(a.dtype) && reduce ? reinterpret_cast<float*>(c.scratch(ce * sizeof(float))) : nullptr;
-  std::vector<const char*> srcs(static_cast<size_t>(L));
-  const uint64_t base = h->round;
-  h->round += rounds;
-  // Software pipeline: the copy-in of round t+1 runs before this rank waits
-  // for the peers' results of round t.
-  if (reduce && rounds > 0) {
-    co_await wait_slots_free(c, h, base + 1);
-    copy_in(0, base + 1);
-  }
-  for (size_t t = 0; t < rounds; ++t) {
-    const uint64_t r = base + t + 1;
-    const size_t m = len(me, t);
-    char* mine = s.out_slot(me, r);
-    if (reduce) {
-      co_await wait_for(c, h, Counter::kCopied, r);
-      if (m > 0) {
-        srcs[0] = a.in + (a.in_off[um] + t * ce) * e;
-        for (int q = 0, i = 1; q < L; ++q) {
-          if (q != me) srcs[static_cast<size_t>(i++)] = s.in_slot(q, r) + um * stripe;
-        }
-        combine(mine, srcs, m, a.dtype, a.op, a.divisor, acc);
-        if (a.my_dst != nullptr) put(a.my_dst + t * ce * e, mine, m * e);
-      }
-    } else if (a.gather) {
-      co_await wait_slots_free(c, h, r);
-      const char* src = a.my_src + t * ce * e;
-      std::memcpy(mine, src, m * e);
-      if (a.out != nullptr) put(a.out + (a.out_off[um] + t * ce) * e, src, m * e);
-    }
-    if (a.gather) signal(h, Counter::kReduced, r);
-    if (reduce && t + 1 < rounds) {
-      co_await wait_slots_free(c, h, r + 1);
-      copy_in(t + 1, r + 1);
-    }
-    if (i_gather) {
-      co_await wait_for(c, h, Counter::kReduced, r);
-      for (int q = 0; q < L; ++q) {
-        if (q != me) put(a.out + (a.out_off[static_cast<size_t>(q)] + t * ce) * e, s.out_slot(q, r), len(q, t) * e);
-      }
-    }
-    signal(h, Counter::kConsumed, r);
-  }
-}
-
-Task host_all_reduce(OpCtx& c, HostGroup* h, const void* in_v, void* out_v, size_t count, DType t, ReduceOp op,
+Task host_all_reduce(OpCtx& c, HostGroup* h, const void* in, void* out, size_t count, DType t, ReduceOp op,
                      int64_t divisor) {
   begin_op(h, op_signature(OpType::kAllReduce, t, op, -1, count));
-  const HostSegment& s = *h->seg;
-  const int L = s.local_size(), me = s.local_rank();
-  const size_t e = dtype_size(t), bytes = count * e;
-  const char* in = static_cast<const char*>(in_v);
-  char* out = static_cast<char*>(out_v);
+  const size_t bytes = count * dtype_size(t);
   if (bytes <= SegmentMailbox::kBytes) {
     co_await all_reduce_mailbox(c, h, in, out, count, t, op, divisor);
     co_return;
@@ -121,152 +43,88 @@ Task host_all_reduce(OpCtx& c, HostGroup* h, const void* in_v, void* out_v, size
     co_await all_reduce_zero_copy(c, h, in, out, count, t, op, divisor, agreed);
     if (agreed) co_return;
   }
-  algo::Partition p = algo::balanced(count, L);
-  HostPass a;
-  a.dtype = t;
-  a.op = op;
-  a.divisor = divisor;
-  a.len = p.len;
-  a.in = in;
-  a.in_off = p.off;
-  a.my_dst = out + p.off[static_cast<size_t>(me)] * e;
-  a.gather = true;
-  a.out = out;
-  a.out_off = p.off;
-  co_await host_pass(c, h, std::move(a));
+  co_await all_reduce_stripes(c, h, in, out, count, t, op, divisor);
 }
 
-Task host_reduce_scatter_blocks(OpCtx& c, HostGroup* h, const void* in, void* out_v, std::vector<size_t> len,
+Task host_reduce_scatter_blocks(OpCtx& c, HostGroup* h, const void* in, void* out, std::vector<size_t> len,
                                 std::vector<size_t> off, DType t, ReduceOp op) {
   begin_op(h, op_signature(OpType::kReduceScatter, t, op, -1, off.back() + len.back()));
-  const size_t me = static_cast<size_t>(h->local_rank()), e = dtype_size(t);
-  const size_t bytes = (off.back() + len.back()) * e;
-  char* out = static_cast<char*>(out_v);
-  if (zero_copy_wanted(h, bytes)) {
+  if (zero_copy_wanted(h, (off.back() + len.back()) * dtype_size(t))) {
     bool agreed = false;
     co_await reduce_scatter_blocks_zero_copy(c, h, in, out, len, off, t, op, agreed);
     if (agreed) co_return;
   }
-  HostPass rs;
-  rs.dtype = t;
-  rs.op = op;
-  rs.in = static_cast<const char*>(in);
-  rs.my_dst = out + off[me] * e;
-  rs.len = std::move(len);
-  rs.in_off = std::move(off);
-  co_await host_pass(c, h, std::move(rs));
+  co_await reduce_scatter_blocks_stripes(c, h, in, out, std::move(len), std::move(off), t, op);
 }
 
-Task host_all_gather_blocks(OpCtx& c, HostGroup* h, void* out_v, std::vector<size_t> len, std::vector<size_t> off,
+Task host_all_gather_blocks(OpCtx& c, HostGroup* h, void* out, std::vector<size_t> len, std::vector<size_t> off,
                             DType t) {
   begin_op(h, op_signature(OpType::kAllGather, t, ReduceOp::kSum, -1, off.back() + len.back()));
-  const size_t me = static_cast<size_t>(h->local_rank()), e = dtype_size(t);
-  const size_t bytes = (off.back() + len.back()) * e;
-  char* out = static_cast<char*>(out_v);
-  if (zero_copy_wanted(h, bytes)) {
+  if (zero_copy_wanted(h, (off.back() + len.back()) * dtype_size(t))) {
     bool agreed = false;
     co_await all_gather_blocks_zero_copy(c, h, out, len, off, t, agreed);
     if (agreed) co_return;
   }
-  HostPass ag;
-  ag.dtype = t;
-  ag.my_src = out + off[me] * e;
-  ag.gather = true;
-  ag.out = out;
-  ag.len = std::move(len);
-  ag.out_off = std::move(off);
-  co_await host_pass(c, h, std::move(ag));
+  co_await all_gather_blocks_stripes(c, h, out, std::move(len), std::move(off), t);
 }
 
 Task host_reduce_scatter(OpCtx& c, HostGroup* h, const void* in, void* out, size_t count, DType t, ReduceOp op,
                          int64_t divisor) {
   begin_op(h, op_signature(OpType::kReduceScatter, t, op, -1, count));
-  const size_t L = static_cast<size_t>(h->local_size());
-  if (const size_t block = count * dtype_size(t); L * block <= SegmentMailbox::kBytes && count > 0) {
+  const size_t L = static_cast<size_t>(h->local_size()), block = count * dtype_size(t);
+  if (L * block <= SegmentMailbox::kBytes && count > 0) {
     co_await reduce_scatter_mailbox(c, h, in, out, count, t, op, divisor);
     co_return;
   }
-  if (const size_t block = count * dtype_size(t); L * block <= eager_limit(h) && count > 0) {
+  if (L * block <= eager_limit(h) && count > 0) {
     co_await reduce_scatter_eager(c, h, in, out, count, t, op, divisor);
     co_return;
   }
-  HostPass a;
-  a.dtype = t;
-  a.op = op;
-  a.divisor = divisor;
-  if (const size_t block = count * dtype_size(t); zero_copy_wanted(h, L * block) && count > 0) {
+  if (zero_copy_wanted(h, L * block) && count > 0) {
     bool agreed = false;
     co_await reduce_scatter_zero_copy(c, h, in, out, count, t, op, divisor, agreed);
     if (agreed) co_return;
   }
-  a.len.assign(L, count);
-  for (size_t i = 0; i < L; ++i) a.in_off.push_back(i * count);
-  a.in = static_cast<const char*>(in);
-  a.my_dst = static_cast<char*>(out);
-  co_await host_pass(c, h, std::move(a));
+  co_await reduce_scatter_stripes(c, h, in, out, count, t, op, divisor);
 }
 
 Task host_all_gather(OpCtx& c, HostGroup* h, const void* in, void* out, size_t count, size_t elt) {
   begin_op(h, op_signature(OpType::kAllGather, kBytes, ReduceOp::kSum, -1, count * elt));
-  const size_t L = static_cast<size_t>(h->local_size());
-  if (const size_t block = count * elt; block <= SegmentMailbox::kBytes && count > 0) {
+  const size_t L = static_cast<size_t>(h->local_size()), block = count * elt;
+  if (block <= SegmentMailbox::kBytes && count > 0) {
     co_await all_gather_mailbox(c, h, in, out, count, elt);
     co_return;
   }
-  if (const size_t block = count * elt; L * block <= eager_limit(h) && count > 0) {
+  if (L * block <= eager_limit(h) && count > 0) {
     co_await all_gather_eager(c, h, in, out, count, elt);
     co_return;
   }
-  if (const size_t block = count * elt; zero_copy_wanted(h, L * block) && count > 0) {
+  if (zero_copy_wanted(h, L * block) && count > 0) {
     bool agreed = false;
     co_await all_gather_zero_copy(c, h, in, out, count, elt, agreed);
     if (agreed) co_return;
   }
-  HostPass a;
-  a.dtype = elt == 8 ? DType::kI64 : elt == 4 ? DType::kI32 : elt == 2 ? DType::kF16 : DType::kU8;
-  a.len.assign(L, count);
-  for (size_t i = 0; i < L; ++i) a.out_off.push_back(i * count);
-  a.my_src = static_cast<const char*>(in);
-  a.gather = true;
-  a.out = static_cast<char*>(out);
-  co_await host_pass(c, h, std::move(a));
+  co_await all_gather_stripes(c, h, in, out, count, elt);
 }
 
 Task host_reduce(OpCtx& c, HostGroup* h, const void* in, void* out, size_t count, DType t, ReduceOp op,
                  int64_t divisor, int root) {
   begin_op(h, op_signature(OpType::kReduce, t, op, root, count));
-  const size_t e = dtype_size(t);
-  if (count * e <= SegmentMailbox::kBytes && count > 0) {
+  const size_t bytes = count * dtype_size(t);
+  if (bytes <= SegmentMailbox::kBytes && count > 0) {
     co_await reduce_mailbox(c, h, in, out, count, t, op, divisor, root);
     co_return;
   }
-  const bool is_root = h->local_rank() == root;
-  if (zero_copy_wanted(h, count * e) && count > 0) {
+  if (zero_copy_wanted(h, bytes) && count > 0) {
     bool agreed = false;
     co_await reduce_zero_copy(c, h, in, out, count, t, op, divisor, root, agreed);
     if (agreed) co_return;
   }
-  algo::Partition p = algo::balanced(count, h->local_size());
-  HostPass a;
-  a.dtype = t;
-  a.op = op;
-  a.divisor = divisor;
-  a.len = p.len;
-  a.in = static_cast<const char*>(in);
-  a.in_off = p.off;
-  a.my_dst = is_root ? static_cast<char*>(out) + p.off[static_cast<size_t>(root)] * e : nullptr;
-  a.gather = true;
-  a.gather_root = root;
-  a.out = is_root ? static_cast<char*>(out) : nullptr;
-  a.out_off = p.off;
-  co_await host_pass(c, h, std::move(a));
+  co_await reduce_stripes(c, h, in, out, count, t, op, divisor, root);
 }
 
-Task host_broadcast(OpCtx& c, HostGroup* h, void* buf_v, size_t bytes, int root) {
+Task host_broadcast(OpCtx& c, HostGroup* h, void* buf, size_t bytes, int root) {
   begin_op(h, op_signature(OpType::kBroadcast, kBytes, ReduceOp::kSum, root, bytes));
-  const HostSegment& s = *h->seg;
-  const int me = s.local_rank();
-  char* buf = static_cast<char*>(buf_v);
   if (bytes <= SegmentMailbox::kBytes && bytes > 0) {
     co_await broadcast_mailbox(c, h, buf, bytes, root);
     co_return;
@@ -276,146 +134,7 @@ Task host_broadcast(OpCtx& c, HostGroup* h, void* buf_v, size_t bytes, int root)
     co_await broadcast_zero_copy(c, h, buf, bytes, root, agreed);
     if (agreed) co_return;
   }
-  const size_t S = static_cast<size_t>(s.local_size()) * s.stripe_bytes();
-  const size_t rounds = algo::chunks_of(bytes, S);
-  for (size_t t = 0; t < rounds; ++t) {
-    const uint64_t r = ++h->round;
-    const size_t n = algo::chunk_len(bytes, S, t);
-    if (me == root) {
-      co_await wait_slots_free(c, h, r);
-      std::memcpy(s.in_slot(me, r), buf + t * S, n);
-      signal(h, Counter::kCopied, r);
-    } else {
-      co_await wait_for(c, h, Counter::kCopied, r, root);
-      std::memcpy(buf + t * S, s.in_slot(root, r), n);
-    }
-    signal(h, Counter::kConsumed, r);
-  }
-}
-
-Task host_all_to_all(OpCtx& c, HostGroup* h, const void* in_v, void* out_v, std::vector<size_t> send_counts,
-                     std::vector<size_t> recv_counts, size_t elt) {
-  begin_op(h, op_signature(OpType::kAllToAll, kBytes, ReduceOp::kSum, -1, elt));
-  const HostSegment& s = *h->seg;
-  const int L = s.local_size(), me = s.local_rank();
-  const size_t stripe = s.stripe_bytes(), um = static_cast<size_t>(me);
-  const char* in = static_cast<const char*>(in_v);
-  char* out = static_cast<char*>(out_v);
-  std::vector<size_t> sdispl(static_cast<size_t>(L), 0), rdispl(static_cast<size_t>(L), 0);
-  size_t largest = 0, total = 0;
-  for (size_t q = 0; q < static_cast<size_t>(L); ++q) {
-    if (q > 0) {
-      sdispl[q] = sdispl[q - 1] + send_counts[q - 1] * elt;
-      rdispl[q] = rdispl[q - 1] + recv_counts[q - 1] * elt;
-    }
-    if (q != um) largest = std::max({largest, send_counts[q] * elt, recv_counts[q] * elt});
-    total += recv_counts[q] * elt;
-  }
-  // Only the pairs know their block sizes, so the ranks agree on the number
-  // of rounds, and on whether every rank's input is large enough and in
-  // shared host memory (the zero-copy path, equal blocks or not), through
-  // their mailboxes. That first round also carries the first stripe of
-  // every block in the in-slots, from each rank that does not offer
-  // zero-copy: a small all_to_all is one round.
-  const bool nt = total >= h->nt_bytes;
-  auto copy_in = [&](size_t t, uint64_t r) {
-    char* slot = s.in_slot(me, r);
-    for (size_t q = 0; q < static_cast<size_t>(L); ++q) {
-      size_t n = algo::chunk_len(send_counts[q] * elt, stripe, t);
-      if (q != um && n > 0) std::memcpy(slot + q * stripe, in + sdispl[q] + t * stripe, n);
-    }
-  };
-  auto copy_out = [&](size_t t, uint64_t r) {
-    for (size_t q = 0; q < static_cast<size_t>(L); ++q) {
-      size_t n = algo::chunk_len(recv_counts[q] * elt, stripe, t);
-      if (q == um || n == 0) continue;
-      put_output(out + rdispl[q] + t * stripe, s.in_slot(static_cast<int>(q), r) + um * stripe, n, nt);
-    }
-  };
-  static_assert(sizeof(size_t) == sizeof(uint64_t));  // sdispl travels as it is
-  const size_t sends = sdispl[static_cast<size_t>(L) - 1] + send_counts[static_cast<size_t>(L) - 1] * elt;
-  uint64_t most = largest;
-  bool all_zero_copy = true, any_zero_copy = false;
-  std::vector<uint64_t>& from = h->offsets;  // zero-copy: where this rank's block starts in each peer's input
-  {
-    // A rank that offers zero-copy carries, instead of data, where each
-    // peer's block starts in its input (the peers cannot know: uneven).
-    const bool eligible = sends > 0 && zero_copy_wanted(h, std::max(sends, total)) && is_shared_host(in, sends);
-    const uint64_t r = ++h->round;
-    co_await wait_mailbox_free(c, h, r);
-    co_await wait_slots_free(c, h, r);
-    if (eligible) {
-      // Block q is [sdispl[q], end) with end = sdispl[q + 1], or `sends`.
-      char* slot = s.in_slot(me, r);
-      std::memcpy(slot, sdispl.data(), static_cast<size_t>(L) * sizeof(uint64_t));
-      const uint64_t end = sends;
-      std::memcpy(slot + static_cast<size_t>(L) * sizeof(uint64_t), &end, sizeof(end));
-    } else {
-      copy_in(0, r);
-    }
-    const uint64_t mine[2] = {largest, eligible ? 1u : 0u};
-    publish_mailbox(h, r, mine, sizeof(mine));  // after the slot: a peer that sees it sees the slot
-    co_await wait_mailboxes(c, h, r);
-    note_all_consumed(h, r);
-    for (int q = 0; q < L; ++q) {
-      uint64_t v[2];
-      std::memcpy(v, q == me ? static_cast<const void*>(mine) : s.mailbox(q, r).data, sizeof(v));
-      most = std::max(most, v[0]);
-      all_zero_copy = all_zero_copy && v[1] != 0;
-      any_zero_copy = any_zero_copy || v[1] != 0;
-    }
-    int disagrees = -1;  // a peer whose block for this rank is not the size this rank expects
-    uint64_t theirs = 0;
-    if (all_zero_copy) {
-      from.resize(static_cast<size_t>(L));
-      for (size_t q = 0; q < static_cast<size_t>(L); ++q) {
-        uint64_t range[2];
-        std::memcpy(range, s.in_slot(static_cast<int>(q), r) + um * sizeof(uint64_t), sizeof(range));
-        from[q] = range[0];
-        if (range[1] - range[0] != recv_counts[q] * elt && disagrees < 0) {
-          disagrees = static_cast<int>(q);
-          theirs = range[1] - range[0];
-        }
-      }
-    }
-    if (!any_zero_copy) copy_out(0, r);  // every rank carried its first stripe
-    signal(h, Counter::kConsumed, r);
-    // Reading past a peer's block would read its other memory: refuse.
-    TORUS_CHECK(disagrees < 0, InvalidArgument,
-                "{}: world rank {} sends {} bytes to this rank, which expects {} (the ranks' all_to_all counts "
-                "disagree)",
-                c.info().describe(), s.control(disagrees < 0 ? 0 : disagrees).world_rank, theirs,
-                disagrees < 0 ? 0 : recv_counts[static_cast<size_t>(disagrees)] * elt);
-  }
-  if (all_zero_copy) {
-    bool agreed = false;
-    co_await all_to_all_zero_copy(c, h, in, sends, out, total, rdispl, recv_counts, elt, from, agreed);
-    if (agreed) co_return;
-  }
-  copy_bytes(out + rdispl[um], in + sdispl[um], send_counts[um] * elt);
-  // The stripes that remain: all of them where a rank offered zero-copy
-  // (it carried none), else all but the first.
-  const size_t chunks = algo::chunks_of(most, stripe);
-  const size_t first = any_zero_copy ? 0 : 1;
-  const size_t rounds = chunks > first ? chunks - first : 0;
-  const uint64_t base = h->round;
-  h->round += rounds;
-  if (rounds > 0) {
-    co_await wait_slots_free(c, h, base + 1);
-    copy_in(first, base + 1);
-    signal(h, Counter::kCopied, base + 1);
-  }
-  for (size_t k = 0; k < rounds; ++k) {
-    const uint64_t r = base + k + 1;
-    co_await wait_for(c, h, Counter::kCopied, r);
-    copy_out(first + k, r);
-    signal(h, Counter::kConsumed, r);
-    if (k + 1 < rounds) {
-      co_await wait_slots_free(c, h, r + 1);
-      copy_in(first + k + 1, r + 1);
-      signal(h, Counter::kCopied, r + 1);
-    }
-  }
+  co_await broadcast_stripes(c, h, buf, bytes, root);
 }
 
 }  // namespace torus::comm::ofi

@@ -1,5 +1,7 @@
 // Private: collectives among the ranks of one group that share a host,
 // through the group's HostSegment (host_segment.h) — no provider involved.
+// host_collectives.cpp picks each op's path; host_one_round.cpp,
+// host_zero_copy.cpp and host_stripes.cpp implement them.
 //
 // Data crosses between processes through cache-sized staging stripes: the
 // sender copies a stripe into its own slot, the reader combines or copies it

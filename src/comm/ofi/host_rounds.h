@@ -1,6 +1,7 @@
 // Private: what the host-segment collectives (host_collectives.h) are made
 // of, shared by their three mechanisms: one round through the mailboxes or
-// the in-slots, zero-copy and the staging stripes.
+// the in-slots (host_one_round.cpp), zero-copy (host_zero_copy.cpp) and the
+// staging stripes (host_stripes.cpp); host_collectives.cpp picks one per op.
 //
 // Note [Segment rounds]: every host collective is a sequence of rounds, and
 // every local rank numbers rounds identically (HostGroup::round counts them
@@ -283,10 +284,11 @@ inline bool zero_copy_wanted(const HostGroup* h, size_t bytes) {
 }
 
 // --- The forms of each op, by mechanism ---------------------------------------
-// host_collectives.cpp has begun the op (begin_op) and checked that the form
-// applies; each form is the whole op. A zero-copy form first agrees with the
-// peers (Note [Zero-copy host ops]): it sets `agreed` when it did the op, and
-// otherwise leaves the op to the stripes. Arguments as in host_collectives.h.
+// The op's entry point (host_collectives.h) has begun it (begin_op) and
+// checked that the form applies; each form is the whole op. A zero-copy form
+// first agrees with the peers (Note [Zero-copy host ops]): it sets `agreed`
+// when it did the op, and otherwise leaves the op to the stripes. Arguments
+// as in host_collectives.h.
 
 // One round (host_one_round.cpp): through the mailboxes, up to
 // SegmentMailbox::kBytes per rank, or through the in-slots ("eager"), up to
@@ -322,5 +324,20 @@ Task broadcast_zero_copy(OpCtx& c, HostGroup* h, void* buf, size_t bytes, int ro
 Task all_to_all_zero_copy(OpCtx& c, HostGroup* h, const char* in, size_t sends, char* out, size_t total,
                           const std::vector<size_t>& rdispl, const std::vector<size_t>& recv_counts, size_t elt,
                           const std::vector<uint64_t>& from, bool& agreed);
+
+// The staging stripes (host_stripes.cpp): host_pass over one block per
+// local rank, or (broadcast) the root's buffer through its in-slot.
+Task all_reduce_stripes(OpCtx& c, HostGroup* h, const void* in, void* out, size_t count, DType t, ReduceOp op,
+                        int64_t divisor);
+Task reduce_scatter_blocks_stripes(OpCtx& c, HostGroup* h, const void* in, void* out, std::vector<size_t> len,
+                                   std::vector<size_t> off, DType t, ReduceOp op);
+Task all_gather_blocks_stripes(OpCtx& c, HostGroup* h, void* out, std::vector<size_t> len, std::vector<size_t> off,
+                               DType t);
+Task reduce_scatter_stripes(OpCtx& c, HostGroup* h, const void* in, void* out, size_t count, DType t, ReduceOp op,
+                            int64_t divisor);
+Task all_gather_stripes(OpCtx& c, HostGroup* h, const void* in, void* out, size_t count, size_t elt);
+Task reduce_stripes(OpCtx& c, HostGroup* h, const void* in, void* out, size_t count, DType t, ReduceOp op,
+                    int64_t divisor, int root);
+Task broadcast_stripes(OpCtx& c, HostGroup* h, void* buf, size_t bytes, int root);
 
 }  // namespace torus::comm::ofi

@@ -1,6 +1,7 @@
 // The ofi Backend: argument checks, op issue, split, and world creation
 // (ofi_backend.h). Algorithms live in group_ops.cpp, algo_*.cpp and
-// host_collectives.cpp; progress in engine.cpp.
+// host_collectives.cpp (with host_one_round.cpp, host_zero_copy.cpp and
+// host_stripes.cpp); progress in engine.cpp.
 #include "comm/ofi/ofi_backend.h"
 
 #include <sched.h>

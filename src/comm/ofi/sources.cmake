@@ -14,6 +14,7 @@ if(TORUS_WITH_OFI)
     ${CMAKE_CURRENT_LIST_DIR}/host_collectives.cpp
     ${CMAKE_CURRENT_LIST_DIR}/host_one_round.cpp
     ${CMAKE_CURRENT_LIST_DIR}/host_zero_copy.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/host_stripes.cpp
     ${CMAKE_CURRENT_LIST_DIR}/peer_mappings.cpp
     ${CMAKE_CURRENT_LIST_DIR}/stream_copy.cpp
     ${CMAKE_CURRENT_LIST_DIR}/group_ops.cpp
