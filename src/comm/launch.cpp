@@ -3,6 +3,7 @@
 // parsed (EnvParams); the launcher's variables are read here, through the
 // injected lookup, since which of them count depends on which are present.
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 
@@ -51,6 +52,37 @@ bool from_source(const Reader& env, LaunchInfo& out, const char* rank_var, const
   return true;
 }
 
+// Slurm's per-node task counts: SLURM_TASKS_PER_NODE ("4(x2),3" = 4, 4, 3
+// on nodes 0, 1, 2) at SLURM_NODEID, else an integer SLURM_NTASKS_PER_NODE;
+// -1 when neither says.
+int slurm_local_size(const Reader& env) {
+  std::string spec = env.string("SLURM_TASKS_PER_NODE");
+  auto node = env.integer("SLURM_NODEID", 0);
+  if (!spec.empty() && node) {
+    int index = 0;
+    size_t pos = 0;
+    while (pos < spec.size()) {
+      size_t comma = spec.find(',', pos);
+      std::string item = spec.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+      int count = 0, repeat = 1;
+      char tail = 0;
+      int fields = std::sscanf(item.c_str(), "%d(x%d)%c", &count, &repeat, &tail);
+      TORUS_CHECK((fields == 1 && item.find('(') == std::string::npos) || (fields == 2 && item.back() == ')'),
+                  InvalidArgument, "SLURM_TASKS_PER_NODE='{}' is not a list of N or N(xM)", spec);
+      if (*node < index + repeat) return count;
+      index += repeat;
+      if (comma == std::string::npos) break;
+      pos = comma + 1;
+    }
+    throw InvalidArgument(fmt::format("SLURM_NODEID={} is past the nodes of SLURM_TASKS_PER_NODE='{}'", *node, spec));
+  }
+  std::string per_node = env.string("SLURM_NTASKS_PER_NODE");
+  if (!per_node.empty() && per_node.find_first_not_of("0123456789") == std::string::npos) {
+    return *env.integer("SLURM_NTASKS_PER_NODE", 1);
+  }
+  return -1;
+}
+
 }  // namespace
 
 LaunchInfo detect_launch(const InitOptions& options, const EnvParams& params, const GetEnv& launcher_env) {
@@ -83,10 +115,23 @@ LaunchInfo detect_launch(const InitOptions& options, const EnvParams& params, co
     info.world_size = env.has("PMIX_SIZE") ? *env.integer("PMIX_SIZE", 1) : *env.integer("OMPI_UNIVERSE_SIZE", 1);
     info.source = "pmix";
   } else if (env.has("SLURM_STEP_ID") &&
-             from_source(env, info, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE")) {
-    // SLURM_NTASKS_PER_NODE may read "4(x2)"; local size is then found from
-    // the host exchange instead.
+             from_source(env, info, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", nullptr)) {
+    // A task of a job step (srun, with or without --mpi=pmix; srun's PMIx
+    // exports no size beside PMIX_RANK, so it lands here). The batch script
+    // itself has no step: its SLURM_PROCID/SLURM_NTASKS describe the job.
+    info.local_size = slurm_local_size(env);
     info.source = "slurm";
+  } else if (env.has("RANK") && !env.has("LOCAL_RANK") && !env.has("TORCHELASTIC_RUN_ID") &&
+             env.has("KUBERNETES_SERVICE_HOST")) {
+    // Kubernetes training operators (PyTorchJob, TrainJob's torch runtime)
+    // give every pod RANK = the pod's index: a process rank only when the
+    // pod runs one process, which Torus cannot know. torchrun adds
+    // LOCAL_RANK and TORCHELASTIC_RUN_ID; mpirun (MPIJob) its own variables.
+    throw InvalidArgument(fmt::format(
+        "RANK={} WORLD_SIZE={} are set in a Kubernetes pod without LOCAL_RANK or TORCHELASTIC_RUN_ID: that is a "
+        "training operator's pod rank, not a process rank. Launch the pod's processes with mpirun (MPIJob) or "
+        "torchrun, or, with exactly one process per pod, set TORUS_RANK and TORUS_WORLD_SIZE",
+        env.string("RANK"), env.string("WORLD_SIZE")));
   } else if (from_source(env, info, "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")) {
     info.source = "torchrun";
   } else {

@@ -143,6 +143,69 @@ TEST(Launch, PrecedenceOfSources) {
   EXPECT_EQ(detect_launch(none, {}, env_of({})).source, "single");
 }
 
+TEST(Launch, UnderEachLauncher) {
+  InitOptions none;
+  // mpirun in an MPIJob's launcher pod: Open MPI's variables, whatever the
+  // pod's environment also holds.
+  auto mpijob = env_of({{"OMPI_COMM_WORLD_RANK", "5"}, {"OMPI_COMM_WORLD_SIZE", "16"},
+                        {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "8"},
+                        {"KUBERNETES_SERVICE_HOST", "10.100.0.1"}, {"RANK", "0"}, {"WORLD_SIZE", "2"}});
+  LaunchInfo a = detect_launch(none, {}, mpijob);
+  EXPECT_EQ(a.source, "open-mpi");
+  EXPECT_EQ(a.rank, 5);
+  EXPECT_EQ(a.local_rank, 1);
+  EXPECT_EQ(a.local_size, 8);
+
+  // srun --mpi=pmix: PMIx's rank without a size, and the step's variables;
+  // 8 tasks on 2 nodes, this one the second on node 1.
+  auto srun_pmix = env_of({{"PMIX_RANK", "5"}, {"PMIX_NAMESPACE", "slurm.pmix.77.0"}, {"SLURM_STEP_ID", "0"},
+                           {"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "1"},
+                           {"SLURM_NODEID", "1"}, {"SLURM_TASKS_PER_NODE", "4(x2)"},
+                           {"MASTER_ADDR", "node1"}, {"MASTER_PORT", "29500"}});
+  LaunchInfo p = detect_launch(none, {}, srun_pmix);
+  EXPECT_EQ(p.source, "slurm");
+  EXPECT_EQ(p.rank, 5);
+  EXPECT_EQ(p.world_size, 8);
+  EXPECT_EQ(p.local_rank, 1);
+  EXPECT_EQ(p.local_size, 4);
+
+  // Slurm without MPI (plain srun): uneven nodes, "3(x2),2" — node 2 has 2.
+  auto srun = env_of({{"SLURM_STEP_ID", "3"}, {"SLURM_PROCID", "7"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "1"},
+                      {"SLURM_NODEID", "2"}, {"SLURM_TASKS_PER_NODE", "3(x2),2"}, {"SLURM_NTASKS_PER_NODE", "3"},
+                      {"MASTER_ADDR", "node1"}, {"MASTER_PORT", "29500"}});
+  LaunchInfo s = detect_launch(none, {}, srun);
+  EXPECT_EQ(s.source, "slurm");
+  EXPECT_EQ(s.local_size, 2) << "SLURM_TASKS_PER_NODE at SLURM_NODEID";
+  EXPECT_THROW(detect_launch(none, {}, env_of({{"SLURM_STEP_ID", "0"}, {"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"},
+                                               {"SLURM_NODEID", "0"}, {"SLURM_TASKS_PER_NODE", "4(y2)"}})),
+               InvalidArgument);
+  // Only an integer SLURM_NTASKS_PER_NODE counts when the list is absent.
+  auto per_node = env_of({{"SLURM_STEP_ID", "0"}, {"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"},
+                          {"SLURM_NTASKS_PER_NODE", "1"}});
+  EXPECT_EQ(detect_launch(none, {}, per_node).local_size, 1);
+
+  // A Kubernetes operator's pod-level RANK is never taken for a process rank.
+  auto pod = env_of({{"RANK", "1"}, {"WORLD_SIZE", "4"}, {"MASTER_ADDR", "job-master-0"}, {"MASTER_PORT", "23456"},
+                     {"KUBERNETES_SERVICE_HOST", "10.100.0.1"}});
+  try {
+    detect_launch(none, {}, pod);
+    ADD_FAILURE() << "a pod-level RANK was taken for a process rank";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("training operator's pod rank"), std::string::npos) << e.what();
+  }
+  // ... but torchrun inside the pod, and TORUS_* set by the operator's user, are.
+  auto torchrun_pod = env_of({{"RANK", "5"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "4"},
+                              {"TORCHELASTIC_RUN_ID", "abc"}, {"MASTER_ADDR", "job-master-0"},
+                              {"MASTER_PORT", "23456"}, {"KUBERNETES_SERVICE_HOST", "10.100.0.1"}});
+  EXPECT_EQ(detect_launch(none, {}, torchrun_pod).source, "torchrun");
+  EnvParams one_per_pod;
+  one_per_pod.rank = 1;
+  one_per_pod.world_size = 4;
+  one_per_pod.master_addr = "job-master-0";
+  one_per_pod.master_port = 23456;
+  EXPECT_EQ(detect_launch(none, one_per_pod, pod).source, "torus-env");
+}
+
 TEST(Launch, RejectsInconsistentInput) {
   InitOptions none;
   EXPECT_THROW(detect_launch(none, {}, env_of({{"RANK", "4"}, {"WORLD_SIZE", "4"}, {"MASTER_ADDR", "h"},
