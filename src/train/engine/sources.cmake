@@ -4,6 +4,7 @@
 # pre-check's GPT activation formula).
 target_sources(torus PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/trainer.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/trainer_step.cpp
   ${CMAKE_CURRENT_LIST_DIR}/train_loop.cpp
   ${CMAKE_CURRENT_LIST_DIR}/run_data.cpp
   ${CMAKE_CURRENT_LIST_DIR}/memory_plan.cpp
