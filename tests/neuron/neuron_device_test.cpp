@@ -9,6 +9,7 @@
 //   alloc-fail the runtime fails every allocation after the second
 //   absent     no library: zero devices, clear errors, never a crash
 //   old        a 1.x runtime: refused with the version named
+//   partial    a library without the tensor calls: refused, naming them
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -267,6 +268,17 @@ TEST(NeuronDevice, WithoutTheRuntimeThereAreNoDevicesAndClearErrors) {
   EXPECT_THROW(neuron().set_current(0), InvalidArgument);
   EXPECT_THROW(select_device_for_local_rank(0, 1), Error);
   EXPECT_THROW(neuron::allocator_stats(), Error);
+}
+
+TEST(NeuronDevice, RefusesALibraryThatLacksTheApi) {
+  REQUIRE_EXPECTATION("partial");
+  EXPECT_EQ(neuron().count(), 0);
+  std::string reason = neuron::runtime_info().reason;
+  EXPECT_NE(reason.find("is not a usable Neuron runtime: it lacks nrt_close, nrt_get_total_nc_count"),
+            std::string::npos)
+      << reason;
+  EXPECT_NE(reason.find("nrt_tensor_allocate"), std::string::npos) << reason;
+  EXPECT_THROW(DeviceBuffer(DeviceType::kNeuron, 8), Error);
 }
 
 TEST(NeuronDevice, RefusesAnOldRuntime) {

@@ -21,11 +21,13 @@ foreach(_lib torus_fake_nrt torus_fake_nrt_no_memset)
   target_compile_definitions(${_lib} PRIVATE OMPI_SKIP_MPICXX=1 MPICH_SKIP_MPICXX=1)
 endforeach()
 target_compile_definitions(torus_fake_nrt_no_memset PRIVATE TORUS_FAKE_NRT_NO_MEMSET=1)
+# A library lacking most of the API (not a Neuron runtime).
+add_library(torus_fake_nrt_partial SHARED ${CMAKE_CURRENT_LIST_DIR}/fake_nrt_partial.cpp)
 
 add_executable(torus_neuron_device_tests ${CMAKE_CURRENT_LIST_DIR}/neuron_device_test.cpp
                ${CMAKE_CURRENT_LIST_DIR}/neff_program_test.cpp)
 target_link_libraries(torus_neuron_device_tests PRIVATE torus_test_main torus_base)
-add_dependencies(torus_neuron_device_tests torus_fake_nrt torus_fake_nrt_no_memset)
+add_dependencies(torus_neuron_device_tests torus_fake_nrt torus_fake_nrt_no_memset torus_fake_nrt_partial)
 
 set(_fake "TORUS_NEURON_LIBRARY=$<TARGET_FILE:torus_fake_nrt>")
 # expectation:extra environment (see neuron_device_test.cpp)
@@ -42,6 +44,8 @@ torus_add_test(NAME neuron_device_alloc_fail TARGET torus_neuron_device_tests LA
                ENV ${_fake} TORUS_TEST_NEURON_EXPECT=alloc-fail TORUS_TEST_FAKE_NRT_FAIL_ALLOC_AFTER=2)
 torus_add_test(NAME neuron_device_no_library TARGET torus_neuron_device_tests LABELS neuron
                ENV TORUS_NEURON_LIBRARY=/nonexistent/libnrt.so.1 TORUS_TEST_NEURON_EXPECT=absent)
+torus_add_test(NAME neuron_device_partial_library TARGET torus_neuron_device_tests LABELS neuron
+               ENV TORUS_NEURON_LIBRARY=$<TARGET_FILE:torus_fake_nrt_partial> TORUS_TEST_NEURON_EXPECT=partial)
 torus_add_test(NAME neuron_device_old_runtime TARGET torus_neuron_device_tests LABELS neuron
                ENV ${_fake} TORUS_TEST_NEURON_EXPECT=old TORUS_TEST_FAKE_NRT_VERSION=1.5.0)
 
@@ -80,4 +84,4 @@ set_tests_properties(neuron_contract PROPERTIES TIMEOUT 300 LABELS "neuron;multi
 # Everything `ctest -L neuron` needs (scripts/test.sh builds only this in the
 # Neuron configuration).
 add_custom_target(torus_neuron_checks DEPENDS torus_neuron_device_tests torus_neuron_backend_tests torus_fake_nrt
-                                              torus_fake_nrt_no_memset)
+                                              torus_fake_nrt_no_memset torus_fake_nrt_partial)
