@@ -21,7 +21,7 @@ BUILD=${TORUS_BUILD_DIR:-build}
 export CCACHE_DIR=${CCACHE_DIR:-$HOME/.cache/ccache} CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD}
 mkdir -p "$BUILD-neuron"
 cmake -S . -B "$BUILD-neuron" -G Ninja -DTORUS_WITH_NEURON=ON -DTORUS_WITH_CUDA=OFF -DTORUS_WITH_NCCL=OFF \
-  -DTORUS_BUILD_PYTHON=OFF -DTORUS_BUILD_BENCH=OFF > "$BUILD-neuron/configure.log"
+  > "$BUILD-neuron/configure.log"
 cmake --build "$BUILD-neuron" -j "${TORUS_JOBS:-$(nproc)}" --target torus_neuron_checks
 (cd "$BUILD-neuron" && ctest --output-on-failure --timeout 300 -L neuron)
 

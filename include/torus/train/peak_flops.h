@@ -25,7 +25,13 @@ double measure_cpu_gemm_flops(c10::ScalarType dtype, int threads, int64_t n = 10
 
 // The job's peak for `dtype` on CPU: local rank 0 of every host measures
 // with all the host's cores while the host's other ranks wait, the hosts'
-// figures are summed. Collective over `world`; the same value everywhere.
+// figures are summed. For a 16-bit dtype a host's figure is the faster of
+// its GEMMs in that dtype and in f32: CPUs without fast 16-bit arithmetic
+// run LibTorch's f16/bf16 GEMM far below their f32 speed, and a 16-bit
+// model's step, which runs other kernels too (some in f32), then does more
+// FLOP/s than that GEMM — it is no upper bound (an fp16 gpt2-tiny run
+// reported MFU 169% against it).
+// Collective over `world`; the same value everywhere.
 double measure_job_cpu_peak_flops(const comm::ProcessGroupPtr& world, c10::ScalarType dtype);
 
 }  // namespace torus::train

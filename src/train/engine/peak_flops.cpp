@@ -82,7 +82,10 @@ double measure_job_cpu_peak_flops(const comm::ProcessGroupPtr& world, c10::Scala
   const bool measures = launch.local_rank == 0;
   const int cores = static_cast<int>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN)));
   if (world->size() > 1) wait_idle(world->barrier());
-  const double mine = measures ? measure_cpu_gemm_flops(dtype, cores) : 0.0;
+  double mine = measures ? measure_cpu_gemm_flops(dtype, cores) : 0.0;
+  if (measures && dtype != at::kFloat && dtype != at::kDouble) {
+    mine = std::max(mine, measure_cpu_gemm_flops(at::kFloat, cores));  // the header says why
+  }
   at::Tensor sum = at::full({1}, mine, at::TensorOptions().dtype(at::kDouble));
   if (world->size() > 1) {
     auto work = world->all_reduce(sum);
