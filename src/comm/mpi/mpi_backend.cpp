@@ -3,6 +3,7 @@
 // deadlines and the request bookkeeping live in mpi_runtime.cpp. Contracts
 // in mpi_backend.h.
 #include "comm/mpi/mpi_backend.h"
+#include "comm/work_info.h"
 
 #include <climits>
 #include <cstring>
@@ -112,15 +113,7 @@ std::exception_ptr MpiBackend::broken_error(const std::string& what) const {
 }
 
 WorkInfo MpiBackend::make_info(OpType op, DType dtype, std::vector<int64_t> sizes, int peer) const {
-  WorkInfo info;
-  info.op = op;
-  info.group = group().name;
-  info.rank = group().rank;
-  info.group_size = group().size;
-  info.dtype = dtype;
-  info.sizes = std::move(sizes);
-  info.peer = peer;
-  return info;
+  return make_work_info(group(), op, dtype, std::move(sizes), peer);
 }
 
 std::shared_ptr<MpiWork> MpiBackend::issue(WorkInfo info, Duration timeout, Spec spec,

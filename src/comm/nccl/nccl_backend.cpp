@@ -1,6 +1,7 @@
 // The nccl comm backend (nccl_backend.h): argument checks, the stream-ordered
 // issue path, split, and the factories.
 #include "comm/nccl/nccl_backend.h"
+#include "comm/work_info.h"
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
@@ -106,15 +107,7 @@ struct NcclBackend::Impl {
   }
 
   WorkInfo info(OpType op, DType dtype, std::vector<int64_t> sizes, int peer = -1) const {
-    WorkInfo w;
-    w.op = op;
-    w.group = group.name;
-    w.rank = group.rank;
-    w.group_size = group.size;
-    w.dtype = dtype;
-    w.sizes = std::move(sizes);
-    w.peer = peer;
-    return w;
+    return make_work_info(group, op, dtype, std::move(sizes), peer);
   }
 
   void throw_if_broken(const WorkInfo& w) const {

@@ -3,6 +3,7 @@
 // runtime's prepare/schedule calls, and completion through the shared
 // watchdog policy.
 #include "comm/neuron/neuron_backend.h"
+#include "comm/work_info.h"
 
 #include <algorithm>
 #include <cstring>
@@ -245,15 +246,7 @@ class NeuronBackend final : public Backend, public std::enable_shared_from_this<
   }
 
   WorkInfo make_info(OpType op, DType dtype, std::vector<int64_t> sizes) {
-    WorkInfo info;
-    info.seq = ++seq_;
-    info.op = op;
-    info.group = group_.name;
-    info.rank = group_.rank;
-    info.group_size = group_.size;
-    info.dtype = dtype;
-    info.sizes = std::move(sizes);
-    return info;
+    return make_work_info(group_, op, dtype, std::move(sizes), -1, ++seq_);
   }
 
   WorkPtr failed(WorkInfo info, std::exception_ptr e) {

@@ -3,6 +3,7 @@
 // host_collectives.cpp (with host_one_round.cpp, host_zero_copy.cpp and
 // host_stripes.cpp); progress in engine.cpp.
 #include "comm/ofi/ofi_backend.h"
+#include "comm/work_info.h"
 
 #include <sched.h>
 #include <unistd.h>
@@ -203,16 +204,7 @@ class OfiBackend final : public Backend {
 
   // The WorkInfo of the next op, with its sequence number. issue_mu_ held.
   WorkInfo next_info(OpType type, DType dt, std::vector<int64_t> sizes, int peer, bool collective) {
-    WorkInfo wi;
-    wi.seq = collective ? ++collective_seq_ : ++p2p_seq_;
-    wi.op = type;
-    wi.group = info_.name;
-    wi.rank = info_.rank;
-    wi.group_size = info_.size;
-    wi.dtype = dt;
-    wi.sizes = std::move(sizes);
-    wi.peer = peer;
-    return wi;
+    return make_work_info(info_, type, dt, std::move(sizes), peer, collective ? ++collective_seq_ : ++p2p_seq_);
   }
 
   // Hands the op to the engine, after running it here first when
