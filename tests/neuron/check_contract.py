@@ -39,7 +39,8 @@ def main():
     a = ap.parse_args()
     mpi = [a.mpiexec] + a.mpiflags.split() + ["-x", "TORUS_NEURON_LIBRARY", "-x", "TORUS_TEST_FAKE_NRT_TRACE",
                                               "-x", "TORUS_LOG_LEVEL", "-x", "TORUS_TEST_BACKEND=neuron"]
-    cmds = [[a.device, "--gtest_death_test_style=threadsafe"],
+    cmds = [[a.device, "--gtest_death_test_style=threadsafe",
+             "--gtest_filter=NeuronDeviceBuild.*:NeuronDevice.*:NeffProgram.*"],
             mpi + ["-np", "2", a.backend, "--gtest_filter=-NeuronFaults.*"]]
     failures = []
     listed, resolved = contract_calls(a.repo), resolved_calls(a.repo)

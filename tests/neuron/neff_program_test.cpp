@@ -16,15 +16,6 @@
 namespace torus::device {
 namespace {
 
-// The runtime configuration of this run (neuron_device_test.cpp).
-std::string expectation() {
-  const char* v = std::getenv("TORUS_TEST_NEURON_EXPECT");
-  return v != nullptr ? v : "available";
-}
-
-#define REQUIRE_RUNTIME() \
-  if (expectation() != "available") GTEST_SKIP() << "this run expects " << expectation()
-
 std::span<const std::byte> as_bytes(const std::string& s) {
   return std::as_bytes(std::span<const char>(s.data(), s.size()));
 }
@@ -42,7 +33,6 @@ const std::string kAxpy =
 Device& neuron() { return get_device(DeviceType::kNeuron); }
 
 TEST(NeffProgram, DescribesBindsAndExecutes) {
-  REQUIRE_RUNTIME();
   auto p = neuron::load_neff(as_bytes(kAxpy), 1);
   ASSERT_EQ(p->tensors().size(), 4u);
   EXPECT_EQ(p->tensors()[0].name, "x");
@@ -75,7 +65,6 @@ TEST(NeffProgram, DescribesBindsAndExecutes) {
 }
 
 TEST(NeffProgram, TimesExecution) {
-  REQUIRE_RUNTIME();
   auto p = neuron::load_neff(as_bytes("torus-fake-neff 1\ninput a 8\noutput b 8\nop copy b a\nsleep_ms 30\n"), 0);
   DeviceBuffer a(DeviceType::kNeuron, 8), b(DeviceType::kNeuron, 8);
   p->bind("a", a.data(), 8);
@@ -86,7 +75,6 @@ TEST(NeffProgram, TimesExecution) {
 }
 
 TEST(NeffProgram, RefusesBadBindingsBeforeTheRuntime) {
-  REQUIRE_RUNTIME();
   auto p = neuron::load_neff(as_bytes(kAxpy), 0);
   DeviceBuffer a(DeviceType::kNeuron, kN * sizeof(float));
   std::vector<float> host(kN);
@@ -109,7 +97,6 @@ TEST(NeffProgram, RefusesBadBindingsBeforeTheRuntime) {
 }
 
 TEST(NeffProgram, RefusesWhatIsNotAProgram) {
-  REQUIRE_RUNTIME();
   try {
     neuron::load_neff(as_bytes("#!/bin/sh\nrm -rf /\n"), 0);
     ADD_FAILURE() << "a shell script was loaded as a program";
@@ -127,10 +114,8 @@ TEST(NeffProgram, RefusesWhatIsNotAProgram) {
   EXPECT_EQ(p->tensors().size(), 4u);
 }
 
-TEST(NeffProgram, NeedsTheRuntime) {
-  if (expectation() != "absent" && expectation() != "old" && expectation() != "partial") {
-    GTEST_SKIP() << "this run has a runtime";
-  }
+// Run in the configurations without a usable runtime (tests.cmake).
+TEST(NeffProgramWithoutRuntime, NeedsTheRuntime) {
   EXPECT_THROW(neuron::load_neff(as_bytes(kAxpy), 0), Error);
 }
 

@@ -238,7 +238,7 @@ std::string expect_failure(size_t bytes) {
 
 TEST(NeuronFaults, ACollectiveThatNeverCompletesTimesOut) {
   long long bytes = env_num("TORUS_TEST_FAKE_NRT_HANG_BYTES");
-  if (bytes < 0) GTEST_SKIP() << "run with TORUS_TEST_FAKE_NRT_HANG_BYTES";
+  ASSERT_GE(bytes, 0) << "selected by tests.cmake with TORUS_TEST_FAKE_NRT_HANG_BYTES";
   std::string m = expect_failure<TimeoutError>(static_cast<size_t>(bytes));
   EXPECT_NE(m.find("all_reduce seq 1 on group 'faulty' (rank " + std::to_string(world().rank())), std::string::npos)
       << m;
@@ -247,7 +247,7 @@ TEST(NeuronFaults, ACollectiveThatNeverCompletesTimesOut) {
 TEST(NeuronFaults, ADeadPeerEndsInErrorsOnEveryRank) {
   long long bytes = env_num("TORUS_TEST_FAKE_NRT_DEAD_BYTES");
   long long dead = env_num("TORUS_TEST_FAKE_NRT_DEAD_RANK");
-  if (bytes < 0 || dead < 0) GTEST_SKIP() << "run with TORUS_TEST_FAKE_NRT_DEAD_RANK/_BYTES";
+  ASSERT_TRUE(bytes >= 0 && dead >= 0) << "selected by tests.cmake with TORUS_TEST_FAKE_NRT_DEAD_RANK/_BYTES";
   if (world().rank() == dead) {
     std::string m = expect_failure<CommError>(static_cast<size_t>(bytes));
     EXPECT_NE(m.find("NRT_HW_ERROR"), std::string::npos) << m;

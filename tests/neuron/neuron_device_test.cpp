@@ -1,15 +1,14 @@
 // The Neuron device (src/device/neuron) against the fake runtime
-// (fake_nrt.cpp), one process. tests.cmake runs this binary several times
-// with different runtime configurations; each test reads the configuration
-// it was started with (TORUS_TEST_NEURON_EXPECT) and checks what a user
-// would see under it:
-//   available  the fake is loaded: memory, copies, fills, the cache, events
-//   cores=1-2  NEURON_RT_VISIBLE_CORES=1-2: two cores visible
-//   oom        4 MiB per core: the cache is released and the allocation retried
-//   alloc-fail the runtime fails every allocation after the second
-//   absent     no library: zero devices, clear errors, never a crash
-//   old        a 1.x runtime: refused with the version named
-//   partial    a library without the tensor calls: refused, naming them
+// (fake_nrt.cpp), one process. tests.cmake runs this binary once per runtime
+// configuration, each run selecting that configuration's test suite with
+// --gtest_filter:
+//   NeuronDevice              the fake is loaded: memory, copies, fills, the cache, events
+//   NeuronDeviceVisibleCores  NEURON_RT_VISIBLE_CORES=1-2: two cores visible
+//   NeuronDeviceOutOfMemory   4 MiB per core: the cache is released and the allocation retried
+//   NeuronDeviceAllocFail     the runtime fails every allocation after the second
+//   NeuronDeviceAbsent        no library: zero devices, clear errors, never a crash
+//   NeuronDeviceOldRuntime    a 1.x runtime: refused with the version named
+//   NeuronDevicePartial       a library without the tensor calls: refused, naming them
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -25,14 +24,6 @@
 namespace torus::device {
 namespace {
 
-std::string expectation() {
-  const char* v = std::getenv("TORUS_TEST_NEURON_EXPECT");
-  return v != nullptr ? v : "available";
-}
-
-#define REQUIRE_EXPECTATION(name)                                              \
-  if (expectation() != (name)) GTEST_SKIP() << "this run expects " << expectation()
-
 Device& neuron() { return get_device(DeviceType::kNeuron); }
 
 std::vector<float> iota_floats(size_t n, float start) {
@@ -41,7 +32,7 @@ std::vector<float> iota_floats(size_t n, float start) {
   return v;
 }
 
-TEST(NeuronDevice, IsTheAcceleratorOfThisBuild) {
+TEST(NeuronDeviceBuild, IsTheAcceleratorOfThisBuild) {
   EXPECT_EQ(accelerator_type(), DeviceType::kNeuron);
   ASSERT_NE(accelerator(), nullptr);
   EXPECT_EQ(&neuron(), accelerator());
@@ -50,7 +41,6 @@ TEST(NeuronDevice, IsTheAcceleratorOfThisBuild) {
 }
 
 TEST(NeuronDevice, LoadsTheRuntimeAndCountsVisibleCores) {
-  REQUIRE_EXPECTATION("available");
   neuron::RuntimeInfo info = neuron::runtime_info();
   ASSERT_TRUE(info.available) << info.reason;
   EXPECT_EQ(info.version, "2.99.0.0");
@@ -66,7 +56,6 @@ TEST(NeuronDevice, LoadsTheRuntimeAndCountsVisibleCores) {
 }
 
 TEST(NeuronDevice, CopiesRoundTripThroughDeviceMemoryAtAnyOffset) {
-  REQUIRE_EXPECTATION("available");
   const size_t n = 3000;  // not a multiple of the allocator's rounding
   DeviceBuffer a(DeviceType::kNeuron, n * sizeof(float));
   DeviceBuffer b(DeviceType::kNeuron, n * sizeof(float));
@@ -90,7 +79,6 @@ TEST(NeuronDevice, CopiesRoundTripThroughDeviceMemoryAtAnyOffset) {
 }
 
 TEST(NeuronDevice, FillsDeviceMemory) {
-  REQUIRE_EXPECTATION("available");
   // Runs with and without the runtime's nrt_tensor_memset (tests.cmake);
   // 3 MiB spans several chunks of the fallback's host buffer.
   const size_t bytes = (size_t{3} << 20) + 5;
@@ -106,7 +94,6 @@ TEST(NeuronDevice, FillsDeviceMemory) {
 }
 
 TEST(NeuronDevice, RefusesAccessOutsideAnAllocation) {
-  REQUIRE_EXPECTATION("available");
   DeviceBuffer a(DeviceType::kNeuron, 1000);
   std::vector<char> host(2000);
   // Past the end of the request (the block is rounded up to 1024 bytes; the
@@ -125,14 +112,12 @@ TEST(NeuronDevice, RefusesAccessOutsideAnAllocation) {
 }
 
 TEST(NeuronDevice, DeviceAddressesAreNotHostMemory) {
-  REQUIRE_EXPECTATION("available");
   DeviceBuffer a(DeviceType::kNeuron, 64);
   char* p = a.as<char>();
   EXPECT_DEATH({ volatile char c = *p; (void)c; }, "");
 }
 
 TEST(NeuronDevice, CachingAllocatorReusesFreedBlocksAndCounts) {
-  REQUIRE_EXPECTATION("available");
   neuron::empty_cache();
   neuron::AllocatorStats s0 = neuron::allocator_stats();
   void* p = neuron().allocate(1000);
@@ -165,7 +150,6 @@ TEST(NeuronDevice, CachingAllocatorReusesFreedBlocksAndCounts) {
 }
 
 TEST(NeuronDevice, AllocatesOnTheCurrentCore) {
-  REQUIRE_EXPECTATION("available");
   neuron().set_current(3);
   DeviceBuffer a(DeviceType::kNeuron, 128);
   std::vector<int> host(32, 7), back(32, 0);
@@ -179,7 +163,6 @@ TEST(NeuronDevice, AllocatesOnTheCurrentCore) {
 }
 
 TEST(NeuronDevice, StreamsAndEventsAreCompleteAndTimed) {
-  REQUIRE_EXPECTATION("available");
   Stream s = neuron().create_stream({.high_priority = true});
   Event start = neuron().create_event({.timing = true});
   Event end = neuron().create_event({.timing = true});
@@ -199,14 +182,12 @@ TEST(NeuronDevice, StreamsAndEventsAreCompleteAndTimed) {
 }
 
 TEST(NeuronDevice, SelectsACoreForEachLocalRank) {
-  REQUIRE_EXPECTATION("available");
   EXPECT_EQ(select_device_for_local_rank(5, 8), 1);
   EXPECT_EQ(neuron().current(), 1);
   neuron().set_current(0);
 }
 
-TEST(NeuronDevice, RespectsVisibleCores) {
-  REQUIRE_EXPECTATION("cores=1-2");
+TEST(NeuronDeviceVisibleCores, RespectsVisibleCores) {
   EXPECT_EQ(neuron().count(), 2);
   EXPECT_EQ(neuron::runtime_info().visible_cores, 2);
   EXPECT_EQ(neuron::runtime_info().total_cores, 4);
@@ -216,8 +197,7 @@ TEST(NeuronDevice, RespectsVisibleCores) {
   neuron().set_current(0);
 }
 
-TEST(NeuronDevice, ReleasesTheCacheWhenTheRuntimeIsOutOfMemory) {
-  REQUIRE_EXPECTATION("oom");  // 4 MiB of device memory per core
+TEST(NeuronDeviceOutOfMemory, ReleasesTheCacheWhenTheRuntimeIsOutOfMemory) {
   void* a = neuron().allocate(size_t{3} << 20);  // a 4 MiB block: the whole core
   neuron().deallocate(a);                         // cached
   void* b = neuron().allocate(size_t{1} << 20);   // 2 MiB: fails, cache released, retried
@@ -237,8 +217,7 @@ TEST(NeuronDevice, ReleasesTheCacheWhenTheRuntimeIsOutOfMemory) {
   neuron().deallocate(b);
 }
 
-TEST(NeuronDevice, AFailingRuntimeAllocationIsAClearError) {
-  REQUIRE_EXPECTATION("alloc-fail");  // TORUS_TEST_FAKE_NRT_FAIL_ALLOC_AFTER=2
+TEST(NeuronDeviceAllocFail, AFailingRuntimeAllocationIsAClearError) {
   DeviceBuffer a(DeviceType::kNeuron, 100), b(DeviceType::kNeuron, 5000);
   try {
     DeviceBuffer c(DeviceType::kNeuron, 100000);
@@ -252,8 +231,7 @@ TEST(NeuronDevice, AFailingRuntimeAllocationIsAClearError) {
   EXPECT_EQ(neuron::allocator_stats().failed_allocations, 1u);
 }
 
-TEST(NeuronDevice, WithoutTheRuntimeThereAreNoDevicesAndClearErrors) {
-  REQUIRE_EXPECTATION("absent");
+TEST(NeuronDeviceAbsent, WithoutTheRuntimeThereAreNoDevicesAndClearErrors) {
   EXPECT_EQ(neuron().count(), 0);
   neuron::RuntimeInfo info = neuron::runtime_info();
   EXPECT_FALSE(info.available);
@@ -270,8 +248,7 @@ TEST(NeuronDevice, WithoutTheRuntimeThereAreNoDevicesAndClearErrors) {
   EXPECT_THROW(neuron::allocator_stats(), Error);
 }
 
-TEST(NeuronDevice, RefusesALibraryThatLacksTheApi) {
-  REQUIRE_EXPECTATION("partial");
+TEST(NeuronDevicePartial, RefusesALibraryThatLacksTheApi) {
   EXPECT_EQ(neuron().count(), 0);
   std::string reason = neuron::runtime_info().reason;
   EXPECT_NE(reason.find("is not a usable Neuron runtime: it lacks nrt_close, nrt_get_total_nc_count"),
@@ -281,8 +258,7 @@ TEST(NeuronDevice, RefusesALibraryThatLacksTheApi) {
   EXPECT_THROW(DeviceBuffer(DeviceType::kNeuron, 8), Error);
 }
 
-TEST(NeuronDevice, RefusesAnOldRuntime) {
-  REQUIRE_EXPECTATION("old");
+TEST(NeuronDeviceOldRuntime, RefusesAnOldRuntime) {
   EXPECT_EQ(neuron().count(), 0);
   std::string reason = neuron::runtime_info().reason;
   EXPECT_NE(reason.find("is Neuron runtime 1.5.0.0; Torus needs 2.x or later"), std::string::npos) << reason;

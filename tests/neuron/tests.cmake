@@ -30,24 +30,30 @@ target_link_libraries(torus_neuron_device_tests PRIVATE torus_test_main torus_ba
 add_dependencies(torus_neuron_device_tests torus_fake_nrt torus_fake_nrt_no_memset torus_fake_nrt_partial)
 
 set(_fake "TORUS_NEURON_LIBRARY=$<TARGET_FILE:torus_fake_nrt>")
-# expectation:extra environment (see neuron_device_test.cpp)
+# One run per runtime configuration, each selecting its own test suite
+# (neuron_device_test.cpp says which).
+set(_available "NeuronDeviceBuild.*:NeuronDevice.*:NeffProgram.*")
+set(_no_runtime "NeuronDeviceBuild.*:NeffProgramWithoutRuntime.*")
 torus_add_test(NAME neuron_device TARGET torus_neuron_device_tests LABELS neuron
-               ENV ${_fake} TORUS_TEST_NEURON_EXPECT=available)
+               ARGS --gtest_filter=${_available} ENV ${_fake})
 torus_add_test(NAME neuron_device_no_memset TARGET torus_neuron_device_tests LABELS neuron
                ARGS --gtest_filter=NeuronDevice.Fills*
-               ENV TORUS_NEURON_LIBRARY=$<TARGET_FILE:torus_fake_nrt_no_memset> TORUS_TEST_NEURON_EXPECT=available)
+               ENV TORUS_NEURON_LIBRARY=$<TARGET_FILE:torus_fake_nrt_no_memset>)
 torus_add_test(NAME neuron_device_visible_cores TARGET torus_neuron_device_tests LABELS neuron
-               ENV ${_fake} TORUS_TEST_NEURON_EXPECT=cores=1-2 NEURON_RT_VISIBLE_CORES=1-2)
+               ARGS --gtest_filter=NeuronDeviceVisibleCores.* ENV ${_fake} NEURON_RT_VISIBLE_CORES=1-2)
 torus_add_test(NAME neuron_device_oom TARGET torus_neuron_device_tests LABELS neuron
-               ENV ${_fake} TORUS_TEST_NEURON_EXPECT=oom TORUS_TEST_FAKE_NRT_CORE_BYTES=4194304)
+               ARGS --gtest_filter=NeuronDeviceOutOfMemory.* ENV ${_fake} TORUS_TEST_FAKE_NRT_CORE_BYTES=4194304)
 torus_add_test(NAME neuron_device_alloc_fail TARGET torus_neuron_device_tests LABELS neuron
-               ENV ${_fake} TORUS_TEST_NEURON_EXPECT=alloc-fail TORUS_TEST_FAKE_NRT_FAIL_ALLOC_AFTER=2)
+               ARGS --gtest_filter=NeuronDeviceAllocFail.* ENV ${_fake} TORUS_TEST_FAKE_NRT_FAIL_ALLOC_AFTER=2)
 torus_add_test(NAME neuron_device_no_library TARGET torus_neuron_device_tests LABELS neuron
-               ENV TORUS_NEURON_LIBRARY=/nonexistent/libnrt.so.1 TORUS_TEST_NEURON_EXPECT=absent)
+               ARGS --gtest_filter=${_no_runtime}:NeuronDeviceAbsent.*
+               ENV TORUS_NEURON_LIBRARY=/nonexistent/libnrt.so.1)
 torus_add_test(NAME neuron_device_partial_library TARGET torus_neuron_device_tests LABELS neuron
-               ENV TORUS_NEURON_LIBRARY=$<TARGET_FILE:torus_fake_nrt_partial> TORUS_TEST_NEURON_EXPECT=partial)
+               ARGS --gtest_filter=${_no_runtime}:NeuronDevicePartial.*
+               ENV TORUS_NEURON_LIBRARY=$<TARGET_FILE:torus_fake_nrt_partial>)
 torus_add_test(NAME neuron_device_old_runtime TARGET torus_neuron_device_tests LABELS neuron
-               ENV ${_fake} TORUS_TEST_NEURON_EXPECT=old TORUS_TEST_FAKE_NRT_VERSION=1.5.0)
+               ARGS --gtest_filter=${_no_runtime}:NeuronDeviceOldRuntime.*
+               ENV ${_fake} TORUS_TEST_FAKE_NRT_VERSION=1.5.0)
 
 # The comm backend on 2, 3 and 4 ranks (the fake's 4 NeuronCores: one per
 # rank), then the faults on 3 ranks. Shares the conformance suite's fixture.
