@@ -76,6 +76,7 @@ class Report:
         self.expect = expect
         self.problems: List[Problem] = []
         self.zones: List[Tuple[str, Doc, str]] = []          # (zone, doc, path)
+        self.instances: List[Tuple[str, Doc, str]] = []      # (instance type, doc, path) of workers and pools
 
     def add(self, doc: Doc, parts, message: str) -> None:
         path = parts if isinstance(parts, str) else field_path(parts)
@@ -204,6 +205,8 @@ def check_pod(r: Report, doc: Doc, pod: Pod) -> Optional[Instance]:
 
     inst_name = sel.get(INSTANCE_LABEL)
     inst = INSTANCES.get(str(inst_name)) if inst_name else None
+    if inst_name:
+        r.instances.append((str(inst_name), doc, field_path(path + ["nodeSelector", INSTANCE_LABEL])))
     if inst_name is None:
         r.add(doc, path + ["nodeSelector", INSTANCE_LABEL],
               "missing: a worker pod must be pinned to its instance type (device and EFA counts depend on it)")
@@ -478,6 +481,7 @@ def rule_nodepool(r: Report, doc: Doc, docs: List[Doc]) -> None:
               f"pin {INSTANCE_LABEL} to exactly one EFA instance type")
     else:
         v = q["values"][0]
+        r.instances.append((str(v), doc, field_path(base + [i, "values"])))
         if v not in INSTANCES:
             r.add(doc, base + [i, "values"], f"unknown instance type '{v}' (known: {', '.join(INSTANCES)})")
         elif r.expect.instance and v != r.expect.instance.name:
@@ -593,11 +597,12 @@ RULES: Dict[str, Callable[[Report, Doc, List[Doc]], None]] = {
 CORE_KINDS = ("PersistentVolume", "PersistentVolumeClaim", "ConfigMap")
 
 
-def check_zones(r: Report) -> None:
-    """Every zone named anywhere in the set is the same one."""
-    if not r.zones:
-        return
-    first = r.zones[0][0]
-    for zone, doc, path in r.zones[1:]:
-        if zone != first:
-            r.add(doc, path, f"zone {zone}, but {r.zones[0][1].where} pins {first}: ranks in two zones")
+def check_consistency(r: Report) -> None:
+    """Every zone named anywhere in the set is the same one; so is every worker's and pool's instance type."""
+    for items, what, why in ((r.zones, "zone", "ranks in two zones"),
+                             (r.instances, "instance type", "workers and nodes disagree")):
+        if items:
+            first, first_doc, _ = items[0]
+            for value, doc, path in items[1:]:
+                if value != first:
+                    r.add(doc, path, f"{what} {value}, but {first_doc.where} pins {first}: {why}")

@@ -10,7 +10,7 @@ from typing import Iterable, List, Tuple
 
 import yaml
 
-from .rules import CORE_KINDS, RULES, Doc, Expect, Problem, Report, check_zones
+from .rules import CORE_KINDS, RULES, Doc, Expect, Problem, Report, check_consistency
 from .schema import YAML_LOADER, CrdSchemas, schema_errors
 from .slurm import check_script
 
@@ -58,7 +58,7 @@ def check_documents(docs: List[Doc], expect: Expect) -> List[Problem]:
         rule = RULES.get(kind)
         if rule is not None:
             rule(r, doc, docs)
-    check_zones(r)
+    check_consistency(r)
     return r.problems
 
 
