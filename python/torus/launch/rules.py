@@ -9,8 +9,8 @@ says what it prevents; docs/launch.md lists them.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .instances import (CAPACITY_LABEL, EFA_RESOURCE, HUGEPAGES_RESOURCE, INSTANCE_LABEL, INSTANCES,
                         OBSOLETE_EFA_VARIABLES, ZONE_LABEL, Instance)
