@@ -1,6 +1,7 @@
 // The option table of a training run (run_config.h), on CLI11.
 #include "torus/train/run_config.h"
 
+#include "torus/plan/hardware.h"
 #include "torus/train/model_presets.h"
 
 #include <CLI/CLI.hpp>
@@ -67,6 +68,8 @@ std::vector<Entry> table(RunConfig& c) {
       {"offload", &c.offload, "host memory for: none, optimizer (--zero >= 1), optimizer+params (--zero 3)"},
       {"zero-prefetch", &c.zero_prefetch, "--zero 3: blocks gathered ahead of the one running"},
       {"force", &c.force, "start even when the memory pre-check says the run does not fit"},
+      {"plan", &c.plan, "let the planner (torus-plan) choose tp, pp, dp, ep, sp, schedule, ZeRO, offload, recompute and micro-batches for this world; prints its choice first"},
+      {"plan-hardware", &c.plan_hardware, "--plan: the hardware to plan for: " + plan::hardware_names() + " (cpu: this host, measured)"},
       {"tp", &c.tp, "tensor-parallel size"},
       {"pp", &c.pp, "pipeline-parallel size"},
       {"dp", &c.dp, "data-parallel size (0: world / (tp x pp x ep))"},
@@ -375,6 +378,8 @@ void RunConfig::validate() const {
   check(save_every >= 0 && keep_last >= 0 && save_timeout > 0,
         "--save-every and --keep-last must be >= 0, --save-timeout > 0");
   check(resume.empty() || init_from.empty(), "--resume and --init-from exclude each other: a resumed run has its weights");
+  check(plan::find_hardware(plan_hardware) != nullptr,
+        fmt::format("--plan-hardware: unknown hardware '{}' (known: {})", plan_hardware, plan::hardware_names()));
   check(zero_prefetch >= 0, fmt::format("--zero-prefetch must be >= 0, got {}", zero_prefetch));
   (void)stage_layer_counts();
 }

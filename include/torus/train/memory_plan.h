@@ -58,17 +58,19 @@
 // num_micro) (the first stage); interleaved: min(num_micro, pp + ceil((pp -
 // 1) / chunks)) — the most any rank holds, so an upper bound for the others.
 //
-// Buffers: stage 3 gathers one block's parameters (P x the block's
+// Buffers: stage 1 keeps the reduced gradient shard (G Ψ / N) beside the
+// full gradient it accumulates into; stage 3 gathers one block's parameters (P x the block's
 // parameters / t) for the running block and each prefetched one: (1 +
 // zero_prefetch) of them; stages 2-3 hold transient full gradient buffers of
 // up to 2 blocks (ZeroOptions::max_inflight) at G bytes. DDP's buckets are
-// the gradients themselves (their views), so stages 0-1 add nothing.
+// the gradients themselves (their views), so stage 0 adds nothing.
 #pragma once
 
 #include <c10/core/Device.h>
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "torus/train/trainer.h"
 
@@ -100,6 +102,13 @@ struct MemoryEstimate {
 // [Memory estimate]). Pure: allocates nothing, no communication.
 MemoryEstimate estimate_memory(const Model& model, const ParallelLayout& layout, const TrainerOptions& options,
                                int64_t micro_batch_rows, int64_t seq_len, const OptimizerConfig& optim = {});
+// The same from what the model says (Model::memory_shape; empty: nothing
+// finer than `num_parameters`, an even share over pp x tp in one unit, no
+// activations): what estimate_memory computes once it has asked the model,
+// and what the planner's generic (parameter-count) models use.
+MemoryEstimate estimate_memory_from_shapes(const std::vector<RankMemoryShape>& shapes, int64_t num_parameters,
+                                           c10::ScalarType param_dtype, const ParallelLayout& layout,
+                                           const TrainerOptions& options, const OptimizerConfig& optim = {});
 
 // Memory a rank may use.
 struct MemoryBudget {

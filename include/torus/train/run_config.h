@@ -85,6 +85,11 @@ struct RunConfig {
   std::string offload = "none";  // none | optimizer (--zero >= 1) | optimizer+params (--zero 3)
   int zero_prefetch = 1;         // --zero 3: blocks gathered ahead of the one running
   bool force = false;            // start even when the memory pre-check (memory_plan.h) says it will not fit
+  // The planner (plan/planner.h) chooses tp, pp, dp, ep, sp, schedule,
+  // chunks, ZeRO stage, offload, recompute and micro-batches for the world
+  // and prints its choice before training, replacing those options.
+  bool plan = false;
+  std::string plan_hardware = "cpu";  // a plan/hardware.h preset; cpu: this host, measured
 
   // --- layout ------------------------------------------------------------------
   int tp = 1;

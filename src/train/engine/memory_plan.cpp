@@ -79,9 +79,19 @@ MemoryEstimate estimate_memory(const Model& model, const ParallelLayout& layout,
   TORUS_CHECK(micro_batch_rows >= 1 && seq_len >= 1, InvalidArgument,
               "estimate_memory: micro-batch rows and sequence length must be >= 1, got {} and {}", micro_batch_rows,
               seq_len);
+  const ModelLayout model_layout{layout.tp, layout.sequence_parallel, layout.num_stages(), layout.layers_per_stage,
+                                 layout.ep};
+  return estimate_memory_from_shapes(model.memory_shape(model_layout, layout.num_chunks, micro_batch_rows, seq_len),
+                                     model.num_parameters(), model.param_dtype(), layout, options, optim);
+}
+
+MemoryEstimate estimate_memory_from_shapes(const std::vector<RankMemoryShape>& shapes, int64_t num_parameters,
+                                           c10::ScalarType dtype, const ParallelLayout& layout,
+                                           const TrainerOptions& options, const OptimizerConfig& optim) {
+  TORUS_CHECK(layout.tp >= 1 && layout.pp >= 1 && layout.dp >= 1 && layout.num_micro >= 1 && layout.num_chunks >= 1,
+              InvalidArgument, "estimate_memory: the layout needs sizes >= 1 ({})", layout.describe());
   TORUS_CHECK(options.zero_stage >= 0 && options.zero_stage <= 3, InvalidArgument,
               "estimate_memory: ZeRO stage must be 0..3, got {}", options.zero_stage);
-  const c10::ScalarType dtype = model.param_dtype();
   const int64_t P = static_cast<int64_t>(c10::elementSize(dtype));
   const bool half = is_half(dtype);
   const int64_t G = half && !options.grads_in_param_dtype ? 4 : P;
@@ -93,9 +103,6 @@ MemoryEstimate estimate_memory(const Model& model, const ParallelLayout& layout,
   const double act_scale = (options.autocast ? 2.0 : static_cast<double>(P)) / 2.0;
 
   std::vector<RankShape> ranks;
-  const ModelLayout model_layout{layout.tp, layout.sequence_parallel, layout.num_stages(), layout.layers_per_stage};
-  const std::vector<RankMemoryShape> shapes =
-      model.memory_shape(model_layout, layout.num_chunks, micro_batch_rows, seq_len);
   for (size_t r = 0; r < shapes.size(); ++r) {
     const RankMemoryShape& ms = shapes[r];
     RankShape rs;
@@ -110,7 +117,7 @@ MemoryEstimate estimate_memory(const Model& model, const ParallelLayout& layout,
   if (ranks.empty()) {
     // Nothing finer than the parameter count: an even share, one unit.
     RankShape rs;
-    rs.block_params = ceil_div(model.num_parameters(), int64_t{layout.pp} * layout.tp);
+    rs.block_params = ceil_div(num_parameters, int64_t{layout.pp} * layout.tp);
     rs.blocks = 1;
     rs.largest_block = rs.block_params;
     ranks.push_back(rs);
@@ -137,6 +144,8 @@ MemoryEstimate estimate_memory(const Model& model, const ParallelLayout& layout,
       e.buffers += P * rs.largest_block * std::min<int64_t>(1 + options.zero_prefetch, rs.blocks);
     }
     if (stage >= 2) e.buffers += G * rs.largest_block * std::min<int64_t>(2, rs.blocks);
+    // Stage 1 keeps the reduced gradient shard beside the full gradient.
+    if (stage == 1) e.buffers += G * ceil_div(psi, N);
     if (options.offload == dp::Offload::kNone) {
       e.optimizer = optimizer;
     } else {

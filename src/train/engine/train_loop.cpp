@@ -14,6 +14,7 @@
 #include "core/log.h"
 #include "torus/comm/context.h"
 #include "torus/device/device.h"
+#include "torus/plan/planner.h"
 #include "torus/train/checkpointing.h"
 #include "torus/train/hf.h"
 #include "torus/train/lr_schedule.h"
@@ -38,6 +39,71 @@ double all_reduce_scalar(const comm::ProcessGroupPtr& world, double v, comm::Red
 
 at::Tensor to_tensor(const std::vector<int64_t>& tokens, int64_t rows, int64_t cols) {
   return at::from_blob(const_cast<int64_t*>(tokens.data()), {rows, cols}, at::TensorOptions().dtype(at::kLong)).clone();
+}
+
+// --plan: rank 0 plans for the world (its hosts x ranks per host; on CPU
+// this host measured) and publishes the choice through the store, so that
+// every rank applies the same layout; a plan that finds nothing that fits
+// fails on every rank with rank 0's message.
+void apply_plan(const comm::ProcessGroupPtr& world, RunConfig& c) {
+  const comm::LaunchInfo& launch = world->context()->launch();
+  const std::shared_ptr<comm::Store>& store = world->context()->store();
+  const std::string key = "torus/plan/choice";
+  std::string text;
+  if (world->rank() == 0) {
+    Json choice;
+    try {
+      plan::PlanRequest req;
+      req.run = c;
+      req.run.plan = false;
+      const int local = std::max(1, launch.local_size);
+      if (c.plan_hardware == "cpu") {
+        req.hardware = plan::measure_cpu_host(local, c.precision);
+        req.nodes = std::max(1, world->size() / local);
+      } else {
+        req.hardware = *plan::find_hardware(c.plan_hardware);
+        TORUS_CHECK(world->size() % req.hardware.devices_per_node == 0, InvalidArgument,
+                    "--plan: {} ranks are not whole {} nodes of {} devices", world->size(), c.plan_hardware,
+                    req.hardware.devices_per_node);
+        req.nodes = world->size() / req.hardware.devices_per_node;
+      }
+      TORUS_CHECK(int64_t{req.nodes} * req.hardware.devices_per_node == world->size(), InvalidArgument,
+                  "--plan: the world ({} ranks) is not {} hosts x {} ranks", world->size(), req.nodes,
+                  req.hardware.devices_per_node);
+      const plan::Plan p = plan::make_plan(req);
+      TORUS_LOG_INFO("--plan ({}):\n{}", req.hardware.description, plan::plan_table(p, 5));
+      const plan::Candidate* best = p.best();
+      TORUS_CHECK(best != nullptr, InvalidArgument, "--plan: no layout fits ({} considered; the smallest: {})",
+                  p.evaluated, plan::explain(p.candidates.front(), p));
+      const RunConfig& b = best->config;
+      choice = {{"tp", b.tp}, {"pp", b.pp}, {"dp", b.dp}, {"ep", b.ep}, {"sp", b.sp},
+                {"schedule", b.schedule}, {"chunks", b.chunks}, {"zero", b.zero}, {"offload", b.offload},
+                {"recompute", b.recompute}, {"micro_batches", b.micro_batches}, {"layout", best->layout()}};
+    } catch (const InvalidArgument& e) {
+      choice = {{"error", e.what()}};
+    }
+    text = choice.dump();
+    if (world->size() > 1) store->set_string(key, text);
+  } else {
+    text = store->get_string(key, std::chrono::minutes(5));
+  }
+  const Json j = Json::parse(text);
+  if (j.contains("error")) throw InvalidArgument(j["error"].get<std::string>());
+  c.tp = j["tp"];
+  c.pp = j["pp"];
+  c.dp = j["dp"];
+  c.ep = j["ep"];
+  c.sp = j["sp"];
+  c.schedule = j["schedule"];
+  c.chunks = j["chunks"];
+  c.zero = j["zero"];
+  c.offload = j["offload"];
+  c.recompute = j["recompute"];
+  c.micro_batches = j["micro_batches"];
+  c.stage_layers.clear();
+  c.plan = false;
+  c.validate();
+  if (world->rank() == 0) TORUS_LOG_INFO("--plan chose: {}", j["layout"].get<std::string>());
 }
 
 // A JSON number, or null when not finite (JSON has no NaN).
@@ -165,6 +231,7 @@ TrainLoop::TrainLoop(comm::ProcessGroupPtr world, RunConfig config, std::string 
   m.world = std::move(world);
   m.cfg = std::move(config);
   m.program = std::move(program);
+  if (m.cfg.plan) apply_plan(m.world, m.cfg);  // before anything reads the layout
   const RunConfig& c = m.cfg;
   // Everything that needs no communication first.
   m.layout = run_layout(c, m.world->size());
