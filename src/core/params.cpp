@@ -95,7 +95,9 @@ const std::set<std::string, std::less<>>& known_variables() {
       "TORUS_NEURON_LIBRARY",
       // Read by the build scripts and tests, never by the library (docs/testing.md).
       "TORUS_BUILD_DIR", "TORUS_JOBS", "TORUS_NP", "TORUS_GPU_JOBS", "TORUS_SKIP_APT", "TORUS_NO_CUDA",
-      "TORUS_CTEST_ARGS", "TORUS_REQUIRE_GPU", "TORUS_BOOTSTRAP_TOKEN_RANK"};
+      "TORUS_CTEST_ARGS", "TORUS_REQUIRE_GPU", "TORUS_BOOTSTRAP_TOKEN_RANK",
+      // Read by the torus-launch wrapper and its tests (docs/launch.md), never by the library.
+      "TORUS_LAUNCH_PYTHON", "TORUS_LAUNCH_DIR"};
   return known;
 }
 

@@ -65,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser(
         "render", help="write the batch script or manifests of one launch",
-        usage="torus-launch render --platform P --instance I --nodes N [options] -- TORUS_TRAIN_ARGS...",
+        usage="torus-launch render --platform P --instance I --nodes N [options] -- TRAIN_ARGS...",
         description="Render a launch of torus-train and check it with the same rules as `check` before writing "
                     "it. Everything after `--` is torus-train's command line.",
         epilog="platforms: " + "; ".join(f"{p.name}: {p.summary}" for p in PLATFORMS.values()))
