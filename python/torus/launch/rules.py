@@ -298,6 +298,16 @@ def _restart_policy(r: Report, doc: Doc, pod: Pod) -> None:
                                                  "rejoin a running job)")
 
 
+def _check_pods(r: Report, doc: Doc, pods: List[Pod]) -> Any:
+    """Checks every pod and its restart policy; the instance the pods run on
+    (the first one found), or None."""
+    insts = []
+    for p in pods:
+        insts.append(check_pod(r, doc, p))
+        _restart_policy(r, doc, p)
+    return next((i for i in insts if i), None)
+
+
 def _expect_nodes(r: Report, doc: Doc, nodes: Any, path: list) -> None:
     if r.expect.nodes is not None and nodes != r.expect.nodes:
         r.add(doc, path, f"{nodes} worker nodes, expected {r.expect.nodes}")
@@ -351,11 +361,7 @@ def rule_volcano_job(r: Report, doc: Doc, docs: List[Doc]) -> None:
     spec = doc.obj.get("spec") or {}
     tasks = spec.get("tasks") or []
     pods = pods_of(doc)
-    insts = []
-    for p in pods:
-        insts.append(check_pod(r, doc, p))
-        _restart_policy(r, doc, p)
-    inst = next((i for i in insts if i), None)
+    inst = _check_pods(r, doc, pods)
     gang = sum(int(t.get("replicas", 1)) for t in tasks if isinstance(t, dict))
     if spec.get("minAvailable") != gang:
         r.add(doc, ["spec", "minAvailable"], f"{spec.get('minAvailable')}, but the gang (sum of task replicas) is "
@@ -390,11 +396,7 @@ def _trainjobs_for(runtime: Doc, docs: List[Doc]) -> List[Doc]:
 def rule_training_runtime(r: Report, doc: Doc, docs: List[Doc]) -> None:
     spec = doc.obj.get("spec") or {}
     pods = pods_of(doc)
-    insts = []
-    for p in pods:
-        insts.append(check_pod(r, doc, p))
-        _restart_policy(r, doc, p)
-    inst = next((i for i in insts if i), None)
+    inst = _check_pods(r, doc, pods)
     mpi = get(spec, "mlPolicy", "mpi")
     if not isinstance(mpi, dict):
         r.add(doc, ["spec", "mlPolicy", "mpi"], "missing: torus-train is started by mpirun (an MPI policy)")
