@@ -84,7 +84,6 @@ struct HostGroup {
   uint64_t op_round = 0;
   uint64_t op_sig = 0;
   std::vector<uint64_t> sig_checked;
-  bool op_sig_in_mailbox = false;  // the mailboxes of op_round carry the op's signature too
   int local_rank() const { return seg->local_rank(); }
   int local_size() const { return seg->local_size(); }
 };

@@ -260,13 +260,9 @@ InlineOutcome host_all_reduce_inline(HostGroup* h, const void* in, void* out, si
     return true;
   };
   if (!spin_politely(h->inline_wait, spin, all_in, aborted)) return InlineOutcome::kPublished;
-  // A disagreeing peer: the engine's finish names it (check_signature). A
-  // mailbox that carries this op's signature confirms it in the line just
-  // read (Note [Signatures in mailboxes], host_rounds.h).
+  // A disagreeing peer: the engine's finish names it (check_signature).
   for (int q = 0; q < L; ++q) {
-    if (q != me && !(mailbox && mailbox_confirms(h, q, r)) && !signature_agrees(h, q)) {
-      return InlineOutcome::kPublished;
-    }
+    if (q != me && !signature_agrees(h, q)) return InlineOutcome::kPublished;
   }
   note_all_consumed(h, r);
   if (mailbox) {
@@ -304,15 +300,13 @@ InlineOutcome host_broadcast_inline(HostGroup* h, void* buf, size_t bytes, int r
   }
   begin_op(h, sig);
   h->round = r;
-  h->op_sig_in_mailbox = mailbox && bytes <= kMailboxSigOffset;  // what the root's mailbox carries
   uint64_t& seen = h->seen[static_cast<int>(Counter::kCopied)][static_cast<size_t>(root)];
   auto arrived = [&] {
     if (mailbox) return s.mailbox(root, r).round.load(std::memory_order_acquire) >= r;
     if (seen < r) seen = counter(s, root, Counter::kCopied).load(std::memory_order_acquire);
     return seen >= r;
   };
-  if (!spin_politely(h->inline_wait, spin, arrived, aborted) ||
-      !(mailbox_confirms(h, root, r) || signature_agrees(h, root))) {
+  if (!spin_politely(h->inline_wait, spin, arrived, aborted) || !signature_agrees(h, root)) {
     return InlineOutcome::kPublished;
   }
   if (mailbox) {

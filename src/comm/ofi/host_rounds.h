@@ -89,7 +89,6 @@ std::string describe_signature(uint64_t sig);
 inline void begin_op(HostGroup* h, uint64_t sig) {
   h->op_round = h->round + 1;
   h->op_sig = sig;
-  h->op_sig_in_mailbox = false;
   auto& e = h->seg->control(h->local_rank()).sigs.ring[h->op_round % SegmentOpSigs::kRing];
   // A seqlock write: readers that see the same round before and after
   // reading `what` read this op's word (plain stores on x86).
@@ -122,30 +121,6 @@ inline bool signature_agrees(HostGroup* h, int q) {
   const bool whole = e.round.load(std::memory_order_relaxed) == before;
   if (before == h->op_round && whole && theirs != h->op_sig) return false;
   checked = h->op_round;
-  return true;
-}
-
-// Note [Signatures in mailboxes]: a one-round op whose data leaves the last
-// 8 bytes of a mailbox free also writes its signature there, in the line
-// its peers read for the data anyway. A peer that finds its own signature
-// there takes the op as agreed without reading the ring of Note [Op
-// signatures] — one cache-line transfer fewer per op and peer. Anything
-// else (a longer payload, another op) falls back to the ring, which names
-// a disagreement; only a 49-56 byte payload whose last 8 bytes equal the
-// reader's signature could pass for one, and the ring catches every other.
-inline constexpr size_t kMailboxSigOffset = SegmentMailbox::kBytes - sizeof(uint64_t);
-
-// Whether local rank q's mailbox of the current op's first round, already
-// seen filled, carries this rank's signature; marks q checked when it does.
-inline bool mailbox_confirms(HostGroup* h, int q, uint64_t round) {
-  if (!h->op_sig_in_mailbox || round != h->op_round) return false;
-  uint64_t theirs = 0;
-  std::memcpy(&theirs, h->seg->mailbox(q, round).data + kMailboxSigOffset, sizeof theirs);
-  if (theirs != h->op_sig) return false;
-  if (h->sig_checked.size() != static_cast<size_t>(h->local_size())) {
-    h->sig_checked.assign(static_cast<size_t>(h->local_size()), 0);
-  }
-  h->sig_checked[static_cast<size_t>(q)] = h->op_round;
   return true;
 }
 
@@ -218,9 +193,7 @@ inline auto wait_mailboxes(OpCtx& c, HostGroup* h, uint64_t round, int only = -1
     }
     if (round >= h->op_round) {
       for (int q = 0; q < s.local_size(); ++q) {
-        if (q != s.local_rank() && (only < 0 || q == only) && !mailbox_confirms(h, q, round)) {
-          check_signature(c, h, q);
-        }
+        if (q != s.local_rank() && (only < 0 || q == only)) check_signature(c, h, q);
       }
     }
     return true;
@@ -301,11 +274,6 @@ inline void put_output(char* dst, const char* src, size_t n, bool nt, bool fence
 inline void publish_mailbox(HostGroup* h, uint64_t r, const void* in, size_t bytes) {
   SegmentMailbox& mine = h->seg->mailbox(h->local_rank(), r);
   std::memcpy(mine.data, in, bytes);
-  if (r == h->op_round) {
-    // Note [Signatures in mailboxes].
-    h->op_sig_in_mailbox = bytes <= kMailboxSigOffset;
-    if (h->op_sig_in_mailbox) std::memcpy(mine.data + kMailboxSigOffset, &h->op_sig, sizeof h->op_sig);
-  }
   mine.round.store(r, std::memory_order_release);
 }
 
