@@ -46,13 +46,12 @@ struct Case {
 // train/memory_plan.h) under-counts these layouts by 11-18% on this model;
 // in each the state live at the update matches the estimate exactly, and
 // the excess is in forward/backward:
-//   - ZeRO-2: 7-8 MB beyond the activations and the two in-flight unit
-//     gradient buffers it counts (suspected: autograd's .grad tensors of
-//     the unit being filled; not confirmed);
 //   - TP with SP in f32: activations 1.8x Korthikanti's formula (bf16 with
 //     full recompute is within 4%);
 //   - fp16 with full recompute and ZeRO-3: 5 MB (bf16 without recompute is
 //     exact).
+// (ZeRO-2 was the third: it reduced the whole model's gradients in one
+// transient buffer; it now reduces per block, as the estimate assumes.)
 // Measured and predicted parts are printed for every case.
 TEST(PlanMemory, PredictionWithinTenPercentOfLiveBytes) {
   comm::ProcessGroupPtr world = torus::testing::world();
@@ -69,8 +68,8 @@ TEST(PlanMemory, PredictionWithinTenPercentOfLiveBytes) {
       {"tp2 sp bf16 full", {"--tp=2", "--dp=1", "--sp", "--precision=bf16", "--recompute=full", "--micro-batches=2"}},
       {"pp2 1f1b bf16 full", {"--pp=2", "--dp=1", "--precision=bf16", "--recompute=full", "--micro-batches=4"}},
       {"pp2 gpipe f32", {"--pp=2", "--dp=1", "--precision=f32", "--schedule=gpipe", "--micro-batches=4"}},
-      {"dp2 zero2 f32", {"--dp=2", "--zero=2", "--precision=f32", "--micro-batches=2"}, 0.20},
-      {"dp2 zero2 bf16 selective", {"--dp=2", "--zero=2", "--precision=bf16", "--recompute=selective", "--micro-batches=2"}, 0.20},
+      {"dp2 zero2 f32", {"--dp=2", "--zero=2", "--precision=f32", "--micro-batches=2"}},
+      {"dp2 zero2 bf16 selective", {"--dp=2", "--zero=2", "--precision=bf16", "--recompute=selective", "--micro-batches=2"}},
       {"tp2 sp f32", {"--tp=2", "--dp=1", "--sp", "--precision=f32", "--micro-batches=2"}, 0.20},
       {"dp2 zero3 fp16 full", {"--dp=2", "--zero=3", "--precision=fp16", "--recompute=full", "--micro-batches=2"}, 0.20},
   };
@@ -131,7 +130,7 @@ TEST(PlanMemory, PredictionWithinTenPercentOfLiveBytes) {
                                    << " (" << predicted.layout() << ")";
     within += std::abs(err) <= 0.10 ? 1 : 0;
   }
-  EXPECT_GE(within, 9);  // the goal: at least five layouts within 10%
+  EXPECT_GE(within, 11);  // the goal: at least five layouts within 10%
 }
 
 }  // namespace

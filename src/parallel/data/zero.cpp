@@ -168,7 +168,11 @@ void Zero::init(std::vector<ZeroParameter> params) {
     TORUS_CHECK(!partial || dp == 1 || partial_group != nullptr, InvalidArgument,
                 "ZeRO: parameter '{}' has gradients partial over TP and needs the dp x tp group (ParallelGroups::dp_tp)",
                 p.name);
-    const int64_t block = options_.stage == 3 ? p.block : -1;
+    // Stages 2-3: a unit per block, so that stage 2 reduce-scatters each
+    // block's gradients as backward leaves it (one full-size transient
+    // buffer per unit in flight, not the whole model's); stage 1 keeps one
+    // full gradient for the step and needs no more units.
+    const int64_t block = options_.stage >= 2 ? p.block : -1;
     auto key = std::make_tuple(block, partial ? 1 : 0, static_cast<int>(p.tensor.scalar_type()),
                                p.tensor.device().str());
     auto [it, added] = keys.emplace(key, static_cast<int>(units_.size()));
@@ -176,7 +180,7 @@ void Zero::init(std::vector<ZeroParameter> params) {
       auto u = std::make_unique<Unit>();
       u->index = static_cast<int>(units_.size());
       u->block = block;
-      u->keep_gathered = block < 0;
+      u->keep_gathered = options_.stage < 3 || block < 0;
       u->group = partial ? partial_group : groups_.dp;
       if (parallel::group_size(u->group) <= 1) u->group = nullptr;
       u->N = u->group ? u->group->size() : 1;

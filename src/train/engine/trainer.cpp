@@ -184,7 +184,8 @@ Trainer::Trainer(comm::ProcessGroupPtr world, std::shared_ptr<const Model> model
             ddp_params.push_back(p);
             continue;
           }
-          zp.push_back({p.name, p.tensor, p.spec, hooks ? p.block : -1, p.weight_decay});
+          // Stage 2 reduces per block (its units), stage 3 also gathers per block.
+          zp.push_back({p.name, p.tensor, p.spec, hooks || zero_stage == 2 ? p.block : -1, p.weight_decay});
         }
         dp::ZeroOptions zo;
         zo.stage = zero_stage;

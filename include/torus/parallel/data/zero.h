@@ -11,7 +11,8 @@
 //   zero.clear_grads();
 //
 // Note [ZeRO units]: the parameters are grouped into units — one per
-// (block, reduce group) — each with one flat buffer padded to a multiple of
+// (block, reduce group) at stages 2-3, one per reduce group at stage 1 —
+// each with one flat buffer padded to a multiple of
 // its group's size N. Rank r of the group owns the element range
 // [r L/N, (r+1) L/N) of the unit's flat buffer: its shard. A shard is cut on
 // element ranges, not on parameters; the pieces of parameters inside it are
@@ -120,7 +121,7 @@ struct ZeroParameter {
   std::string name;
   at::Tensor tensor;  // a leaf that requires grad
   tp::ShardSpec spec;
-  int64_t block = -1;  // stage 3 gathers per block; -1: kept gathered
+  int64_t block = -1;  // stages 2-3: a unit per block (stage 3 gathers it); -1: outside blocks
   bool weight_decay = true;
 };
 
