@@ -8,6 +8,10 @@ JOBS=${TORUS_JOBS:-$(nproc)}
 export CCACHE_DIR=${CCACHE_DIR:-$HOME/.cache/ccache}
 # Paths relative to the checkout, so clones in other folders share the cache.
 export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD}
+# With -g ccache also hashes the working directory, so a clone in another
+# folder would miss every object; leave it out (debug info may then name
+# the folder of the clone that filled the cache).
+export CCACHE_NOHASHDIR=${CCACHE_NOHASHDIR:-1}
 export CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-10G}
 cmake -S . -B "$BUILD" -G Ninja "$@"
 cmake --build "$BUILD" -j "$JOBS"

@@ -18,7 +18,7 @@ scripts/build.sh "${extra[@]}" "$@"
 
 # The Neuron configuration (exclusive with CUDA, hence its own build tree).
 BUILD=${TORUS_BUILD_DIR:-build}
-export CCACHE_DIR=${CCACHE_DIR:-$HOME/.cache/ccache} CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD}
+export CCACHE_DIR=${CCACHE_DIR:-$HOME/.cache/ccache} CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD} CCACHE_NOHASHDIR=${CCACHE_NOHASHDIR:-1}
 mkdir -p "$BUILD-neuron"
 cmake -S . -B "$BUILD-neuron" -G Ninja -DTORUS_WITH_NEURON=ON -DTORUS_WITH_CUDA=OFF -DTORUS_WITH_NCCL=OFF \
   > "$BUILD-neuron/configure.log"
