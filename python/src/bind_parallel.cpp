@@ -197,6 +197,8 @@ void bind_models(py::module_& m) {
       .def_readwrite("bias_update_rate", &MoEConfig::bias_update_rate)
       .def_readwrite("jitter", &MoEConfig::jitter)
       .def_readwrite("normalize_gates", &MoEConfig::normalize_gates)
+      .def_readwrite("expert_tensor_parallel", &MoEConfig::expert_tensor_parallel,
+                     "split each expert's MLP over TP instead of holding whole experts on every TP rank")
       .def_readwrite("ffn_hidden", &MoEConfig::ffn_hidden, "each expert's MLP width (0: the GPT's ffn)");
   using models::GPTConfig;
   py::class_<GPTConfig>(models, "GPTConfig")

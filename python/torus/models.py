@@ -36,6 +36,7 @@ class MoEConfig:
     bias_update_rate: float = 1e-3
     jitter: float = 0.0
     normalize_gates: bool = True
+    expert_tensor_parallel: bool = False  # split each expert's MLP over TP
     ffn_hidden: int = 0  # 0: the GPT's ffn
 
     def to_native(self):

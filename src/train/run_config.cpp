@@ -55,6 +55,7 @@ std::vector<Entry> table(RunConfig& c) {
       {"bias-update-rate", &c.bias_update_rate, "MoE: --aux-loss-free bias step per optimizer step"},
       {"moe-jitter", &c.moe_jitter, "MoE: multiplicative router-input noise in training (0: none)"},
       {"moe-ffn", &c.moe_ffn, "MoE: each expert's MLP width (0: --ffn)"},
+      {"expert-tp", &c.expert_tp, "MoE: split each expert's MLP over the --tp ranks instead of holding whole experts on each"},
       {"precision", &c.precision, "parameters and activations: f32, bf16 or fp16 (f64 for tests)"},
       {"autocast", &c.autocast, "LibTorch autocast (bf16) over f32 parameters instead of half parameters"},
       {"grad-dtype", &c.grad_dtype, "gradient accumulation: f32 buffers or the parameter dtype (param)"},
@@ -354,6 +355,7 @@ void RunConfig::validate() const {
     check(moe_jitter >= 0 && moe_jitter < 1, "--moe-jitter must be in [0, 1)");
     check(moe_ffn >= 0, "--moe-ffn must be >= 0 (0: --ffn)");
   }
+  check(!expert_tp || moe_every > 0, "--expert-tp needs MoE blocks (--moe-every > 0)");
   check(steps >= 1 && batch >= 1 && log_interval >= 1 && eval_batches >= 1 && eval_interval >= 0,
         "--steps, --batch, --log-interval and --eval-batches must be >= 1 and --eval-interval >= 0");
   check(val_fraction > 0 && val_fraction < 1, fmt::format("--val-fraction must be in (0, 1), got {}", val_fraction));

@@ -6,6 +6,7 @@ trained by ``GPTTrainer`` with ``ParallelLayout(ep=...)``.
   relative, dropless and with a capacity factor.
 * ``StepStats.routing`` reports each MoE layer: tokens per expert summing to
   k x tokens, a drop rate of 0 when dropless and > 0 at capacity 0.5.
+* Experts split over TP (``expert_tensor_parallel``) train the same model.
 * A bad MoE layout is refused before any communication.
 """
 import pytest
@@ -52,6 +53,19 @@ def test_expert_parallel_matches_data_parallel(world, capacity_factor):
                 assert layer["drop_rate"] == 0
     if capacity_factor > 0:
         assert max(layer["drop_rate"] for st in got for layer in st.routing) > 0
+
+
+@pytest.mark.parametrize("capacity_factor", [0.0, 0.5])
+def test_experts_split_over_tp_match_data_parallel(world, capacity_factor):
+    """``MoEConfig.expert_tensor_parallel``: each expert split over TP trains
+    the model that whole experts train (dp = world size)."""
+    n = world.size  # np2 splits the experts; on one rank the setting changes nothing
+    cfg = moe_config(capacity_factor)
+    ref = run(world, cfg, train.ParallelLayout(dp=n, num_micro=2))
+    cfg.moe.expert_tensor_parallel = True
+    got = run(world, cfg, train.ParallelLayout(tp=n, dp=1, num_micro=2))
+    for a, b in zip(ref, got):
+        assert b.loss == pytest.approx(a.loss, rel=1e-5)
 
 
 def test_bad_moe_layouts_are_refused(world):

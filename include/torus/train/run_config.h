@@ -67,6 +67,7 @@ struct RunConfig {
   double bias_update_rate = 1e-3;
   double moe_jitter = 0;
   int64_t moe_ffn = 0;           // each expert's MLP width (0: --ffn)
+  bool expert_tp = false;        // split each expert's MLP over --tp (Note [Expert tensor parallelism])
 
   // --- precision and memory ----------------------------------------------------
   std::string precision = "f32";  // f32 | bf16 | fp16 (f64 for tests)

@@ -180,16 +180,6 @@ at::Tensor scale_grad(const at::Tensor& x, double scale) { return ScaleGradFn::a
 
 double token_exchange_seconds() { return static_cast<double>(exchange_ns.load()) * 1e-9; }
 
-tp::ShardSpecs MoEParameters::shard_specs() const {
-  tp::ShardSpecs specs;
-  for (const auto& item : named_parameters(/*recurse=*/false)) {
-    tp::ShardSpec s;
-    s.tp_partial_grad = tp_partial_;
-    specs[item.key()] = s;
-  }
-  return specs;
-}
-
 // ---- the layer -------------------------------------------------------------------
 
 MoELayer::MoELayer(const MoEConfig& config, std::string name, int64_t layer, const parallel::ParallelGroups& groups,
@@ -205,30 +195,40 @@ MoELayer::MoELayer(const MoEConfig& config, std::string name, int64_t layer, con
   config_.validate(ep_size_);
   local_experts_ = config_.num_experts / ep_size_;
   first_expert_ = ep_rank_ * local_experts_;
-  const bool tp_partial = groups.tp_size() > 1;  // each TP rank routes its own tokens
+  const int tpn = groups.tp_size(), tpr = groups.tp_rank();
+  expert_tp_ = config_.expert_tensor_parallel && tpn > 1;
+  TORUS_CHECK(!expert_tp_ || config_.ffn_hidden % tpn == 0, InvalidArgument,
+              "{}: expert tensor parallelism splits each expert's width {} over tp={}, which does not divide it", name_,
+              config_.ffn_hidden, tpn);
+  // Each TP rank routes its own tokens: replicated parameters' gradients are partial over TP.
+  const tp::ShardSpec replicated{.tp_partial_grad = tpn > 1};
+  const tp::ShardSpec rows = expert_tp_ ? tp::ShardSpec{.dim = 0} : replicated;
+  const tp::ShardSpec cols = expert_tp_ ? tp::ShardSpec{.dim = 1} : replicated;
   const auto opts = at::TensorOptions().dtype(config_.dtype).device(config_.device);
   const int64_t E = config_.num_experts, h = config_.hidden, f = config_.ffn_hidden;
   auto normal = [&](const std::string& pname, double std) {
     return tp::InitSpec{tp::InitSpec::Kind::kNormal, std, tp::derive_seed(tp::derive_seed(config_.seed, pname), "weight")};
   };
-  const tp::ShardSpec whole;
-  auto router = register_module("router", std::make_shared<MoEParameters>(false, tp_partial));
-  router_ = router->add("weight", tp::init_shard({E, h}, whole, -1, normal(name_ + ".router", config_.init_std), 0, 1,
-                                                 opts));
+  // Drawn whole and cut (Note [Layout-independent init]): the same values in every layout.
+  auto draw = [&](at::IntArrayRef shape, const tp::ShardSpec& spec, const tp::InitSpec& init) {
+    return spec.sharded() ? tp::init_shard(shape, spec, shape[spec.dim], init, tpr, tpn, opts)
+                          : tp::init_shard(shape, spec, -1, init, 0, 1, opts);
+  };
+  auto router = register_module("router", std::make_shared<MoEParameters>(false));
+  router_ = router->add("weight", draw({E, h}, replicated, normal(name_ + ".router", config_.init_std)), replicated);
   auto list = register_module("experts", std::make_shared<torch::nn::Module>());
   const tp::InitSpec zeros{tp::InitSpec::Kind::kZeros};
   for (int64_t i = 0; i < local_experts_; ++i) {
     const int64_t e = first_expert_ + i;
     const std::string prefix = name_ + ".experts." + std::to_string(e);
     auto holder = list->register_module(std::to_string(e), std::make_shared<torch::nn::Module>());
-    auto fc1 = holder->register_module("fc1", std::make_shared<MoEParameters>(true, tp_partial));
-    auto fc2 = holder->register_module("fc2", std::make_shared<MoEParameters>(true, tp_partial));
+    auto fc1 = holder->register_module("fc1", std::make_shared<MoEParameters>(true));
+    auto fc2 = holder->register_module("fc2", std::make_shared<MoEParameters>(true));
     Expert x;
-    x.fc1_w = fc1->add("weight", tp::init_shard({f, h}, whole, -1, normal(prefix + ".fc1", config_.init_std), 0, 1, opts));
-    x.fc1_b = fc1->add("bias", tp::init_shard({f}, whole, -1, zeros, 0, 1, opts));
-    x.fc2_w = fc2->add("weight",
-                       tp::init_shard({h, f}, whole, -1, normal(prefix + ".fc2", config_.output_init_std), 0, 1, opts));
-    x.fc2_b = fc2->add("bias", tp::init_shard({h}, whole, -1, zeros, 0, 1, opts));
+    x.fc1_w = fc1->add("weight", draw({f, h}, rows, normal(prefix + ".fc1", config_.init_std)), rows);
+    x.fc1_b = fc1->add("bias", draw({f}, rows, zeros), rows);
+    x.fc2_w = fc2->add("weight", draw({h, f}, cols, normal(prefix + ".fc2", config_.output_init_std)), cols);
+    x.fc2_b = fc2->add("bias", draw({h}, replicated, zeros), replicated);
     experts_.push_back(std::move(x));
   }
   if (config_.aux_loss_free) {
@@ -239,11 +239,73 @@ MoELayer::MoELayer(const MoEConfig& config, std::string name, int64_t layer, con
 
 tp::ShardSpecs MoELayer::shard_specs() const { return {}; }
 
-at::Tensor MoELayer::expert_mlp(int64_t i, const at::Tensor& x) {
+at::Tensor MoELayer::expert_mlp(int64_t i, const at::Tensor& x, bool bias2) {
   const Expert& e = experts_[i];
   auto w = [&](const at::Tensor& p) { return ep_size_ > 1 ? scale_grad(p, 1.0 / ep_size_) : p; };
   at::Tensor y = at::gelu(at::linear(x, w(e.fc1_w), w(e.fc1_b)), "tanh");
-  return at::linear(y, w(e.fc2_w), w(e.fc2_b));
+  return bias2 ? at::linear(y, w(e.fc2_w), w(e.fc2_b)) : at::linear(y, w(e.fc2_w));
+}
+
+at::Tensor MoELayer::run_experts(const at::Tensor& x, const std::vector<int64_t>& per_expert) {
+  std::vector<at::Tensor> outs;
+  int64_t off = 0;
+  for (int64_t e = 0; e < local_experts_; ++e) {
+    outs.push_back(expert_mlp(e, x.narrow(0, off, per_expert[e])));
+    off += per_expert[e];
+  }
+  return outs.size() == 1 ? outs[0] : at::cat(outs, 0);
+}
+
+at::Tensor MoELayer::run_experts_tp(const at::Tensor& x, const std::vector<int64_t>& per_expert) {
+  const int T = groups_.tp_size();
+  const int64_t El = local_experts_, m = x.size(0);
+  // Every TP rank's rows per local expert: [T x El].
+  at::Tensor mine = at::tensor(per_expert, at::TensorOptions().dtype(at::kLong)).to(x.device());
+  at::Tensor all = at::empty({T * El}, mine.options());
+  at::Tensor mine_alias = tp::detail::comm_alias(mine), all_alias = tp::detail::comm_alias(all);
+  groups_.tp->all_gather(mine_alias, all_alias)->wait();
+  const std::vector<int64_t> cnt = to_vector(all);
+  std::vector<int64_t> rows(T, 0);
+  for (int q = 0; q < T; ++q) {
+    for (int64_t e = 0; e < El; ++e) rows[q] += cnt[q * El + e];
+  }
+  // A variable-size all-gather: this rank's rows to every TP rank. The
+  // copies' gradients come back with the swapped splits and are summed.
+  at::Tensor gathered = all_to_all(x.repeat({T, 1}), std::vector<int64_t>(T, m), rows, groups_.tp);
+  // Regroup by expert (rank-major within each): each expert's rows, one matmul.
+  std::vector<int64_t> perm, per(El, 0), base(T, 0);
+  for (int q = 1; q < T; ++q) base[q] = base[q - 1] + rows[q - 1];
+  for (int64_t e = 0; e < El; ++e) {
+    for (int q = 0; q < T; ++q) {
+      int64_t off = base[q];
+      for (int64_t j = 0; j < e; ++j) off += cnt[q * El + j];
+      for (int64_t r = 0; r < cnt[q * El + e]; ++r) perm.push_back(off + r);
+      per[e] += cnt[q * El + e];
+    }
+  }
+  at::Tensor perm_t = at::tensor(perm, at::TensorOptions().dtype(at::kLong)).to(x.device());
+  at::Tensor grouped = gathered.index_select(0, perm_t);
+  std::vector<at::Tensor> outs;
+  int64_t off = 0;
+  for (int64_t e = 0; e < El; ++e) {
+    outs.push_back(expert_mlp(e, grouped.narrow(0, off, per[e]), /*bias2=*/false));
+    off += per[e];
+  }
+  at::Tensor partial = outs.size() == 1 ? outs[0] : at::cat(outs, 0);
+  at::Tensor inv = at::empty_like(perm_t);
+  inv.scatter_(0, perm_t, at::arange(perm_t.numel(), perm_t.options()));
+  // Back to the rank that owns each row, summed over the TP blocks.
+  at::Tensor back = all_to_all(partial.index_select(0, inv), rows, std::vector<int64_t>(T, m), groups_.tp);
+  at::Tensor y = back.view({T, m, x.size(1)}).sum(0);
+  // fc2's bias once per row (replicated; its gradient partial over TP).
+  std::vector<at::Tensor> biased;
+  off = 0;
+  for (int64_t e = 0; e < El; ++e) {
+    const at::Tensor& b = experts_[e].fc2_b;
+    biased.push_back(y.narrow(0, off, per_expert[e]) + (ep_size_ > 1 ? scale_grad(b, 1.0 / ep_size_) : b));
+    off += per_expert[e];
+  }
+  return biased.size() == 1 ? biased[0] : at::cat(biased, 0);
 }
 
 at::Tensor MoELayer::forward(const at::Tensor& x) {
@@ -354,13 +416,7 @@ at::Tensor MoELayer::forward(const at::Tensor& x) {
   }
   at::Tensor perm_t = at::tensor(perm, at::TensorOptions().dtype(at::kLong)).to(x.device());
   at::Tensor x_grp = x_recv.index_select(0, perm_t);
-  std::vector<at::Tensor> outs;
-  int64_t off = 0;
-  for (int64_t e = 0; e < El; ++e) {
-    outs.push_back(expert_mlp(e, x_grp.narrow(0, off, per_expert[e])));
-    off += per_expert[e];
-  }
-  at::Tensor y_grp = outs.size() == 1 ? outs[0] : at::cat(outs, 0);
+  at::Tensor y_grp = expert_tp_ ? run_experts_tp(x_grp, per_expert) : run_experts(x_grp, per_expert);
   at::Tensor inv = at::empty_like(perm_t);
   inv.scatter_(0, perm_t, at::arange(perm_t.numel(), perm_t.options()));
   at::Tensor y_recv = y_grp.index_select(0, inv);

@@ -111,6 +111,14 @@ std::vector<RankMemoryShape> GPTModel::memory_shape(const ModelLayout& layout, i
   const int64_t h = g.hidden, f = g.ffn(), V = g.vocab_size;
   // The parameter counts of num_parameters(), per piece (this TP rank's shards).
   const int64_t block = ceil_div(4 * h * h + 2 * h * f + 8 * h + f, t);
+  // An MoE block: attention and norms as a dense block; the router (whole on
+  // every rank) and this ep rank's experts, split over TP with --expert-tp
+  // (fc2's bias whole), in place of the dense MLP.
+  const expert::MoEConfig moe = g.moe_config();
+  const int te = moe.expert_tensor_parallel ? t : 1;
+  const int64_t moe_block = ceil_div(4 * h * h + 7 * h, t) + moe.num_experts * h +
+                            moe.num_experts / std::max(layout.ep, 1) *
+                                (ceil_div(2 * h * moe.ffn_hidden + moe.ffn_hidden, te) + h);
   const int64_t embedding = ceil_div(V * h, t) + g.max_seq_len * h;
   const int64_t word = ceil_div(V * h, t);
   const std::vector<models::GPTPart> all = parts(layout);
@@ -135,6 +143,9 @@ std::vector<RankMemoryShape> GPTModel::memory_shape(const ModelLayout& layout, i
         if (!g.tie_embeddings || !p.embedding) rs.outside_params += word;
       }
       for (int64_t i = p.first_layer; i < p.first_layer + n; ++i) {
+        const int64_t params = g.is_moe_block(i) ? moe_block : block;
+        rs.block_params += params;
+        rs.largest_block = std::max(rs.largest_block, params);
         if (g.recompute.recompute_block(i)) {
           rs.activations_16 += input16;
           recomputes = true;
@@ -145,8 +156,6 @@ std::vector<RankMemoryShape> GPTModel::memory_shape(const ModelLayout& layout, i
         }
       }
     }
-    rs.block_params = rs.blocks * block;
-    rs.largest_block = rs.blocks > 0 ? block : 0;
     if (recomputes) rs.recompute_extra_16 = full16;  // one block recomputed in backward
   }
   return out;

@@ -55,6 +55,7 @@ std::shared_ptr<Model> make_gpt(const RunConfig& c, const ModelPreset& p) {
   g.moe.bias_update_rate = c.bias_update_rate;
   g.moe.jitter = c.moe_jitter;
   g.moe.ffn_hidden = c.moe_ffn;
+  g.moe.expert_tensor_parallel = c.expert_tp;
   g.dtype = param_dtype(c);
   return std::make_shared<GPTModel>(g);
 }

@@ -25,6 +25,21 @@
 // tokens of one single-process micro-batch (the engine splits each
 // micro-batch over the data ranks, Note [Micro-batch rows] in trainer.cpp).
 //
+// Note [Expert tensor parallelism]: with MoEConfig::expert_tensor_parallel
+// and tp > 1 each expert's MLP is split over TP as a dense MLP is — fc1's
+// rows (and bias) and fc2's columns, a 1/tp block each (ShardSpec dim 0 and
+// 1); fc2's bias stays replicated with a TP-partial gradient. The TP ranks
+// still route different tokens, so after the ep exchange every TP rank
+// sends the rows it received to every other one (an all_to_all over tp with
+// uneven splits: an all-gather of variable size whose backward sums the
+// gradients), each rank runs its block of every local expert on the rows of
+// the whole TP group, and the partial outputs go back over tp and are
+// summed for the rows this rank owns (a reduce-scatter of variable size).
+// The sharded weights' gradients then cover the tokens of the whole TP
+// group, so they are reduced over expert_dp alone, like any TP shard.
+// Expert memory per rank falls by tp; the price is two more all_to_alls
+// per layer and direction over tp, carrying the tp-fold of each rank's rows.
+//
 // Note [Layout-independent routing]: every quantity that depends on more than
 // one token is computed over the whole token group, so that any layout
 // routes, drops and weights exactly as one process does:
@@ -99,6 +114,9 @@ struct MoEConfig {
   double bias_update_rate = 1e-3;
   double jitter = 0;              // multiplicative router-input noise (training only)
   bool normalize_gates = true;    // k > 1: the k gates of a token renormalised to sum to 1
+  // Split each expert's MLP over TP (Note [Expert tensor parallelism]);
+  // false: every TP rank holds whole experts. ffn_hidden must divide by tp.
+  bool expert_tensor_parallel = false;
   int64_t ffn_hidden = 0;         // each expert's MLP width
   int64_t hidden = 0;
   double init_std = 0.02;
@@ -161,15 +179,19 @@ at::Tensor scale_grad(const at::Tensor& x, double scale);
 // gradients are partial over TP when the layer's tokens are split over TP.
 class MoEParameters : public torch::nn::Module, public tp::ShardedModule {
  public:
-  MoEParameters(bool expert, bool tp_partial) : expert_(expert), tp_partial_(tp_partial) {}
-  at::Tensor add(const std::string& name, at::Tensor value) { return register_parameter(name, std::move(value)); }
-  tp::ShardSpecs shard_specs() const override;
+  explicit MoEParameters(bool expert) : expert_(expert) {}
+  // Registers `value` (this TP rank's block when `spec` is sharded).
+  at::Tensor add(const std::string& name, at::Tensor value, const tp::ShardSpec& spec) {
+    specs_[name] = spec;
+    return register_parameter(name, std::move(value));
+  }
+  tp::ShardSpecs shard_specs() const override { return specs_; }
   // An expert's parameters (reduced over the ranks that hold the expert).
   bool expert() const { return expert_; }
 
  private:
   bool expert_ = false;
-  bool tp_partial_ = false;
+  tp::ShardSpecs specs_;
 };
 
 class MoELayer : public torch::nn::Module, public tp::ShardedModule {
@@ -201,7 +223,12 @@ class MoELayer : public torch::nn::Module, public tp::ShardedModule {
   const at::Tensor& bias() const { return bias_; }
 
  private:
-  at::Tensor expert_mlp(int64_t local_expert, const at::Tensor& x);
+  // Rows grouped by local expert (counts per_expert) -> the experts' outputs.
+  at::Tensor run_experts(const at::Tensor& x, const std::vector<int64_t>& per_expert);
+  // The same with each expert split over TP (Note [Expert tensor parallelism]).
+  at::Tensor run_experts_tp(const at::Tensor& x, const std::vector<int64_t>& per_expert);
+  // Expert i's MLP on x; `bias2`: add fc2's bias (false: the TP-partial output).
+  at::Tensor expert_mlp(int64_t local_expert, const at::Tensor& x, bool bias2 = true);
 
   MoEConfig config_;
   std::string name_;
@@ -211,10 +238,11 @@ class MoELayer : public torch::nn::Module, public tp::ShardedModule {
   std::shared_ptr<tp::RngTracker> rng_;
   int ep_size_ = 1, ep_rank_ = 0;
   int64_t first_expert_ = 0, local_experts_ = 0;
+  bool expert_tp_ = false;  // experts split over TP (tp > 1 and config_.expert_tensor_parallel)
   double loss_grad_scale_ = 1.0;
   at::Tensor router_;  // [E, h]
   struct Expert {
-    at::Tensor fc1_w, fc1_b, fc2_w, fc2_b;  // [f, h], [f], [h, f], [h]
+    at::Tensor fc1_w, fc1_b, fc2_w, fc2_b;  // [f, h], [f], [h, f], [h] (f / tp under expert TP)
   };
   std::vector<Expert> experts_;  // the local ones, in global order
   at::Tensor bias_;
