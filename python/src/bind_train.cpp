@@ -290,6 +290,17 @@ void bind_trainer(py::module_& m) {
           py::arg("batch"),
           "Mean token loss without gradients (a forward-only schedule). Collective; releases the GIL.")
       .def(
+          "logits",
+          [](Trainer& t, const at::Tensor& batch) {
+            at::Tensor b = unpy(batch);
+            py::gil_scoped_release release;
+            return t.logits(b);
+          },
+          py::arg("batch"),
+          "Logits [batch, seq, vocab] of `batch` ([batch, seq + 1] tokens) without gradients, gathered over "
+          "tp and the data ranks (f32, or f64 for f64 models; on the host), the same on every rank: for "
+          "comparisons with another implementation. Collective; releases the GIL.")
+      .def(
           "gather_local_parameters",
           [](const Trainer& t) {
             std::map<std::string, at::Tensor> params;

@@ -2,13 +2,14 @@
 
 * Export: a Llama (GQA, untied) and a GPT trained a few steps by TrainLoop,
   written by ``torus-ckpt export-hf``, load with ``from_pretrained``; the
-  loss transformers computes on a batch equals Torus's ``evaluate`` on it.
+  loss transformers computes on a batch equals Torus's ``evaluate`` on it,
+  and its logits equal ``Trainer.logits`` position for position.
 * A model whose head split or rotary embedding differs from the
   directory's is refused before loading (the shapes alone would not show it).
 * Import: a randomly initialised ``LlamaForCausalLM`` / ``GPT2LMHeadModel``
   saved with ``save_pretrained`` starts a TrainLoop (``init_from=DIR``) whose
-  ``evaluate`` equals the transformers loss; the weights are not Torus's
-  initial ones.
+  ``evaluate`` equals the transformers loss and ``Trainer.logits`` its
+  logits; the weights are not Torus's initial ones.
 Tolerances are f32's (both sides compute in f32 with other kernels).
 """
 import json
@@ -29,6 +30,7 @@ BIN = pathlib.Path(torus.__file__).resolve().parents[2] / "bin"
 COMMON = dict(seq=16, batch=4, micro_batches=1, warmup=1, eval_interval=0, eval_batches=1, tensorboard=False,
               progress="off", peak_tflops=1.0, threads=1)
 RTOL = 2e-5
+LOGITS_TOL = 1e-5  # f32 logits of O(1): both sides' kernels sum in other orders
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +41,20 @@ def world():
 def batch(vocab, seed):
     g = torch.Generator().manual_seed(seed)
     return torch.randint(0, vocab, (4, 17), generator=g)
+
+
+def hf_logits(model, tokens):
+    model.eval()
+    with torch.no_grad():
+        return model(input_ids=tokens[:, :-1]).logits.float()
+
+
+def assert_same_logits(trainer, model, tokens):
+    """Torus's logits of every position equal transformers', tensor for tensor (f32)."""
+    got = trainer.logits(tokens)
+    want = hf_logits(model, tokens)
+    assert got.shape == want.shape
+    torch.testing.assert_close(got, want, rtol=LOGITS_TOL, atol=LOGITS_TOL)
 
 
 def hf_loss(model, tokens):
@@ -67,6 +83,7 @@ def test_export_loads_in_transformers_with_the_same_loss(world, tmp_path, model,
     want = hf_loss(hf, tokens)
     got = loop.trainer().evaluate(tokens)
     assert got == pytest.approx(want, rel=RTOL)
+    assert_same_logits(loop.trainer(), hf, tokens)
     if model.startswith("llama"):
         assert hf.config.num_key_value_heads == 2 and not hf.config.tie_word_embeddings
 
@@ -109,6 +126,7 @@ def test_init_from_a_transformers_directory(world, tmp_path, which):
                                                   **cfg))
     tokens = batch(256, 12)
     assert loop.trainer().evaluate(tokens) == pytest.approx(hf_loss(hf, tokens), rel=RTOL)
+    assert_same_logits(loop.trainer(), hf, tokens)
     # The weights are transformers' (not a Torus initialisation that happens to
     # give a near-uniform loss too).
     word = loop.trainer().gather_local_parameters()["embedding.word.weight"]
@@ -142,6 +160,7 @@ def test_model_shape_from_the_directory(world, tmp_path, which):
                                                   **COMMON))
     tokens = batch(256, 14)
     assert loop.trainer().evaluate(tokens) == pytest.approx(hf_loss(hf, tokens), rel=RTOL)
+    assert_same_logits(loop.trainer(), hf, tokens)
     # Every transformers parameter, less GPT-2's key biases (dropped exactly:
     # softmax does not see a per-query constant).
     dropped = 0 if which == "llama" else hf.config.n_layer * hf.config.n_embd

@@ -3,7 +3,8 @@
 Every rank builds the same randomly initialised transformers model (same
 seed) and saves it to its own directory; a TrainLoop with --model DIR
 --init-from DIR in tp2 x pp2 (1F1B, 2 micro-batches) reads each rank's
-slices from it. Its evaluation and 3 AdamW steps equal transformers with
+slices from it. Its evaluation, its logits (tensor for tensor, 1e-5) and
+3 AdamW steps equal transformers with
 torch.optim.AdamW in one process, to f32 rounding (the sums run in another
 order across tp and micro-batches).
 """
@@ -67,6 +68,12 @@ def test_tp2_pp2_from_transformers_weights(world, tmp_path, which):
     with torch.no_grad():
         want = loss_of(hf, tokens).item()
     assert t.evaluate(tokens) == pytest.approx(want, rel=2e-5)
+    # The logits of every position, gathered over tp and the pipeline, tensor for tensor.
+    with torch.no_grad():
+        want_logits = hf(input_ids=tokens[:, :-1]).logits
+    got_logits = t.logits(tokens)
+    assert got_logits.shape == want_logits.shape
+    torch.testing.assert_close(got_logits, want_logits, rtol=1e-5, atol=1e-5)
 
     params = list(hf.parameters())
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},

@@ -424,6 +424,33 @@ def test_gpt_trainer_on_this_ranks_rows_equals_the_whole_batch(world):
         local.train_step_local(batch[rows[:1]], ROWS)
 
 
+LOGIT_LAYOUTS = {
+    1: [dict(dp=1, num_micro=2)],
+    2: [dict(dp=2, num_micro=2), dict(tp=2, dp=1), dict(pp=2, dp=1, num_micro=2)],
+    4: [dict(dp=4, num_micro=2), dict(tp=2, pp=2, dp=1, num_micro=2), dict(tp=2, dp=2, num_micro=2)],
+}
+
+
+def test_logits_in_every_layout_equal_one_process(world):
+    # Trainer.logits gathers the logits of the whole batch over tp, the data
+    # ranks (rows back in batch order) and the pipeline: position for
+    # position the one-process model's (f64, same initial weights).
+    cfg = gpt_config()
+    batch = gpt_batch(cfg, 7)
+    ref_model = models.GPT(cfg)
+    ref_model.eval()
+    with torch.no_grad():
+        want = ref_model(batch[:, :-1].contiguous()).transpose(0, 1)[..., :cfg.vocab_size]
+    for kw in LOGIT_LAYOUTS[world.size]:
+        trainer = train.GPTTrainer(world, cfg, train.ParallelLayout(**kw), train.OptimizerConfig(lr=LR))
+        got = trainer.logits(batch)
+        assert got.dtype == torch.float64 and got.shape == (ROWS, cfg.max_seq_len, cfg.vocab_size), kw
+        err = ((got - want).abs().max() / want.abs().max()).item()
+        assert err <= 1e-10, (kw, err)
+        loss = torch.nn.functional.cross_entropy(got.reshape(-1, cfg.vocab_size), batch[:, 1:].reshape(-1)).item()
+        assert loss == pytest.approx(trainer.evaluate(batch), rel=1e-10), kw
+
+
 # ---- the option table from Python ---------------------------------------------------------
 
 

@@ -109,6 +109,11 @@ class StageModule {
   // State that is not a parameter and is the same on every rank that holds
   // it (router biases), by global name; aliases the live tensors.
   virtual std::map<std::string, at::Tensor> extra_state() const { return {}; }
+  // Last stage: the full logits [b, s, vocab] of `output` (what forward
+  // returned: for the decoders [s, b, padded_vocab/tp]), gathered over `tp`
+  // and without the vocabulary padding. Collective over `tp`. The default
+  // throws Unsupported.
+  virtual at::Tensor full_logits(const at::Tensor& output, const comm::ProcessGroupPtr& tp);
 };
 
 struct ModelLayout {

@@ -231,6 +231,15 @@ class Trainer {
   double evaluate(const at::Tensor& batch);
   double evaluate(const LocalBatch& batch);
 
+  // The logits of `batch` (same shape rules as train_step), without
+  // gradients, as evaluate runs it: [global_batch, seq, vocab], gathered
+  // over tp and the data ranks, the vocabulary padding cropped, f32 (f64 for
+  // f64 models), on the host, the same tensor on every rank. For comparing
+  // the model with another implementation: it moves the whole batch's
+  // logits to every rank. Collective; Unsupported for a model whose stages
+  // do not give logits (StageModule::full_logits).
+  at::Tensor logits(const at::Tensor& batch);
+
   // Full (TP-gathered, unpadded) tensors of the parameters this rank holds,
   // by global name; a stage's copy of another stage's parameter under its
   // own name. Collective over tp.

@@ -70,6 +70,15 @@ class DecoderStage : public StageModule {
     return tp::gather_full_parameters(*gpt_, tp);
   }
 
+  at::Tensor full_logits(const at::Tensor& output, const comm::ProcessGroupPtr& tp) override {
+    const int64_t vocab = gpt_->config().vocab_size;
+    TORUS_CHECK(output.dim() == 3, InvalidArgument, "decoder stage: logits must be [seq, batch, vocab/tp], got {}-d",
+                output.dim());
+    const int n = tp ? tp->size() : 1;
+    at::Tensor full = n > 1 ? tp::gather_full(output, tp::ShardSpec{.dim = 2, .full_size = vocab}, tp) : output;
+    return full.narrow(2, 0, vocab).transpose(0, 1).contiguous();
+  }
+
   std::vector<int64_t> block_layers() const override {
     std::vector<int64_t> out;
     const int64_t first = gpt_->blocks().empty() ? 0 : first_layer_;

@@ -82,6 +82,7 @@ struct Trainer::Impl : public pp::StageCallbacks {
   pp::Schedule eval_schedule;  // forward only, sized for num_micro
   std::unique_ptr<pp::PipelineExecutor> eval_executor;
   bool evaluating = false;
+  std::map<int, at::Tensor>* captured_logits = nullptr;  // Trainer::logits: the last stage's, by micro-batch
   pp::StepResult last_result;
   int64_t steps = 0;
 
@@ -108,6 +109,7 @@ struct Trainer::Impl : public pp::StageCallbacks {
     const int stage = stage_of(chunk);
     if (evaluating) {
       at::Tensor out = module->forward(stage == 0 ? inputs.at(micro) : input);
+      if (stage == S - 1 && captured_logits) (*captured_logits)[micro] = module->full_logits(out, groups.tp).cpu();
       return stage == S - 1 ? module->loss(out, labels.at(micro)).detach() : out.contiguous();
     }
     Saved sv;

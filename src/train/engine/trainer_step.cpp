@@ -163,6 +163,55 @@ double Trainer::evaluate(const LocalBatch& batch) {
   return impl_->run_eval();
 }
 
+at::Tensor StageModule::full_logits(const at::Tensor& /*output*/, const comm::ProcessGroupPtr& /*tp*/) {
+  throw Unsupported("this model's stages do not give their logits (StageModule::full_logits)");
+}
+
+at::Tensor Trainer::logits(const at::Tensor& batch) {
+  Impl& m = *impl_;
+  m.load_batch(batch, "logits");
+  std::map<int, at::Tensor> captured;
+  m.captured_logits = &captured;
+  struct Reset {
+    std::map<int, at::Tensor>*& p;
+    ~Reset() { p = nullptr; }
+  } reset{m.captured_logits};
+  m.run_eval();
+  const at::ScalarType dtype = m.model->param_dtype() == at::kDouble ? at::kDouble : at::kFloat;
+  const int64_t rows = batch.size(0), seq = batch.size(1) - 1;
+  // [vocab] from the last pipeline rank, so that every rank can receive.
+  at::Tensor vocab = at::zeros({1}, at::TensorOptions().dtype(at::kLong));
+  at::Tensor full;
+  if (m.rank == m.P - 1) {
+    std::vector<at::Tensor> parts;
+    for (auto& [micro, t] : captured) parts.push_back(t.to(dtype));
+    at::Tensor local = at::cat(parts, 0);  // this data rank's rows, in local_rows() order
+    vocab.fill_(local.size(2));
+    const int D = m.groups.dp_size();
+    at::Tensor gathered = local;
+    if (D > 1) {
+      gathered = at::empty({D * local.size(0), seq, local.size(2)}, local.options());
+      m.groups.dp->all_gather(local, gathered)->wait();
+    }
+    // Data rank d's j-th local row is global row micro x (rows / M) + d x b + i (Note [Micro-batch rows]).
+    const int64_t M = m.layout.num_micro, per_micro = rows / M, b = local.size(0) / M;
+    std::vector<int64_t> dest;
+    dest.reserve(static_cast<size_t>(rows));
+    for (int d = 0; d < D; ++d) {
+      for (int64_t mi = 0; mi < M; ++mi) {
+        for (int64_t i = 0; i < b; ++i) dest.push_back(mi * per_micro + d * b + i);
+      }
+    }
+    full = at::empty_like(gathered).index_copy_(0, at::tensor(dest, at::TensorOptions().dtype(at::kLong)), gathered);
+  }
+  if (m.P > 1) {
+    m.eval_group->broadcast(vocab, {.root = m.P - 1})->wait();
+    if (m.rank != m.P - 1) full = at::empty({rows, seq, vocab.item<int64_t>()}, at::TensorOptions().dtype(dtype));
+    m.eval_group->broadcast(full, {.root = m.P - 1})->wait();
+  }
+  return full;
+}
+
 double Trainer::Impl::run_eval() {
   Impl& m = *this;
   at::NoGradGuard no_grad;
