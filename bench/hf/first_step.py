@@ -14,7 +14,7 @@ where later runs reuse it. Presets (untied embeddings, vocabulary 32000, SwiGLU,
   125m  12 layers, width 768,  12 heads (4 kv),  ffn 2048:  124,668,672 parameters
   1b    22 layers, width 2048, 32 heads (4 kv),  ffn 5632:  1,100,048,384 (TinyLlama 1.1B's shape; the default)
 
-Then --repeats rounds (default: 3, 2 for 1b), each running the two sides one after the other, each in
+Then --repeats rounds (default 3), each running the two sides one after the other, each in
 processes of its own started by this program, with the model's files in the page cache (read through
 once before every run; --cache cold drops their pages instead, posix_fadvise(DONTNEED)):
 
@@ -46,7 +46,10 @@ once before every run; --cache cold drops their pages instead, posix_fadvise(DON
                 labels the last S): forward, cross-entropy of the logits, backward,
                 clip_grad_norm_(1.0), torch.optim.AdamW(lr 1e-3, betas (0.9, 0.95), eps 1e-8,
                 weight_decay 0.1).step(). Times from the launch: imports, from_pretrained, step, first
-                step (the end of the step), exit.
+                step (the end of the step), exit. transformers 5's from_pretrained leaves the parameters
+                in a copy-on-write mapping of model.safetensors, so most of the reading happens in the
+                first step (page faults, then AdamW's writes copy the pages): from_pretrained's time alone
+                is not a whole load, the end of the first step is the comparable figure.
 
 Memory: peak resident memory (VmHWM): torus-train's job_peak_rss_bytes (every rank's peak summed: pages of
 the mapped file a rank touched count in its RSS), and the transformers process's own. Both sides hold the
@@ -87,14 +90,14 @@ RANKS = 4
 VOCAB = 32000
 INIT_STD = 0.02
 
-# name: (layers, hidden, heads, kv_heads, ffn, max_positions, rms_norm_eps, batch, seq, default layout, repeats)
+# name: layers, hidden, heads, kv_heads, ffn, max positions, rms_norm_eps; the step's batch and seq; the layout
 SIZES = {
     "tiny": dict(layers=2, hidden=64, heads=4, kv_heads=2, ffn=128, positions=256, eps=1e-6, batch=4, seq=64,
-                 layout="--tp 2 --pp 2 --micro-batches 2", repeats=3),
+                 layout="--tp 2 --pp 2 --micro-batches 2"),
     "125m": dict(layers=12, hidden=768, heads=12, kv_heads=4, ffn=2048, positions=2048, eps=1e-5, batch=4, seq=64,
-                 layout="--tp 4 --micro-batches 1", repeats=3),
+                 layout="--tp 4 --micro-batches 1"),
     "1b": dict(layers=22, hidden=2048, heads=32, kv_heads=4, ffn=5632, positions=2048, eps=1e-5, batch=4, seq=64,
-               layout="--tp 4 --micro-batches 1", repeats=2),
+               layout="--tp 4 --micro-batches 1"),
 }
 DTYPES = {"f32": "float32", "bf16": "bfloat16"}
 
@@ -417,7 +420,7 @@ def verify(args, p, torus, hf):
     return checks
 
 
-def print_report(args, p, layout, torus, hf, checks, header):
+def print_report(torus, hf, checks, header):
     for line in header:
         print(line)
     rounds = lambda rs, k: " ".join(f"{r[k]:.2f}" if r.get(k) is not None else "-" for r in rs)
@@ -425,27 +428,27 @@ def print_report(args, p, layout, torus, hf, checks, header):
     def row(name, rs, key, unit="s"):
         med = summarize(rs, key)
         if med is None:
-            print(f"{name:<34} {'-':>9}")
+            print(f"{name:<34} {'-':>11}")
         elif unit == "B":
             print(f"{name:<34} {human(med):>11}   {' '.join(human(r[key]) for r in rs)}")
         else:
             print(f"{name:<34} {med:>9.2f} s   {rounds(rs, key)}")
 
-    print(f"{'phase (from the launch)':<34} {'median':>11}   rounds")
+    print(f"{'from the launch; (d): a duration':<34} {'median':>11}   rounds")
     print(f"torus-train, {RANKS} ranks, {torus[0]['layout']}:")
     row("  rank 0 up (its first log line)", torus, "up_s")
     row("  bootstrap done (rank 0)", torus, "bootstrap_s")
     row("  ready (job up, weights loaded)", torus, "ready_s")
-    row("  of which build+load (rank 0)", torus, "build_load_s")
-    row("  first step (fwd+bwd+AdamW)", torus, "step_s")
+    row("  build+load, rank 0 (d)", torus, "build_load_s")
+    row("  step: fwd+bwd+clip+AdamW (d)", torus, "step_s")
     row("  end of the first step", torus, "first_step_s")
     row("  step record (+1 val batch)", torus, "step_record_s")
     row("  exit", torus, "exit_s")
     row("  peak RSS, sum over ranks", torus, "peak_rss_bytes", "B")
     print(f"transformers {hf[0]['transformers']}, torch {hf[0]['torch']}, 1 process, {hf[0]['threads']} threads:")
-    row("  imports (torch, transformers)", hf, "imports_s")
-    row("  from_pretrained", hf, "load_s")
-    row("  first step (fwd+bwd+AdamW)", hf, "step_s")
+    row("  imported torch, transformers", hf, "imports_s")
+    row("  from_pretrained (d)", hf, "load_s")
+    row("  step: fwd+bwd+clip+AdamW (d)", hf, "step_s")
     row("  end of the first step", hf, "first_step_s")
     row("  exit", hf, "exit_s")
     row("  peak RSS", hf, "peak_rss_bytes", "B")
@@ -469,7 +472,7 @@ def main():
     ap.add_argument("--size", choices=sorted(SIZES), default="1b", help="model preset (default 1b)")
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="f32",
                     help="the file's, the parameters' and torus-train's --precision (default f32)")
-    ap.add_argument("--repeats", type=int, default=None, help="rounds (default 3; 2 for 1b)")
+    ap.add_argument("--repeats", type=int, default=3, help="rounds (default 3)")
     ap.add_argument("--layout", default=None,
                     help="torus-train layout options for the 4 ranks, one string (default: the preset's, "
                          "'--tp 4 --micro-batches 1' for 125m and 1b, '--tp 2 --pp 2 --micro-batches 2' for tiny)")
@@ -501,7 +504,7 @@ def main():
         print(f"first_step.py: {msg}", file=sys.stderr)
         return 2
 
-    repeats = p["repeats"] if args.repeats is None else args.repeats
+    repeats = args.repeats
     if repeats < 1:
         return bad(f"--repeats must be at least 1, got {repeats}")
     if args.batch < 1 or args.seq < 2:
@@ -538,6 +541,10 @@ def main():
         print(f"first_step.py: {e}", file=sys.stderr)
         return 1
 
+    # Both sides hold about 16 bytes per parameter (18 for Torus in bf16), plus the runtime (~0.5 GiB per process).
+    need = expected_params(p) * (16 if args.dtype == "f32" else 18) + (RANKS + 1) * (512 << 20)
+    if (meminfo("MemAvailable") or 0) < need:
+        log(f"warning: {human(meminfo('MemAvailable'))} of memory available, a run may need {human(need)}")
     file_bytes = sum(q.stat().st_size for q in model_files(args.model_dir) if q.suffix == ".safetensors")
     busy = cpu_busy()
     load0 = os.getloadavg()
@@ -562,14 +569,15 @@ def main():
             log(f"round {i + 1}/{repeats}: torus-train, {RANKS} ranks ...")
             torus.append(run_torus(args, p, layout, work, i))
             r = torus[-1]
-            log(f"  first step ends at {r['first_step_s']:.2f} s (ready {r['ready_s']:.2f} s, step {r['step_s']:.2f} s), "
-                f"exit {r['exit_s']:.2f} s, loss {r['loss']:.4f}, peak RSS {human(r['peak_rss_bytes'])}")
+            log(f"  first step ends at {r['first_step_s']:.2f} s (ready {r['ready_s']:.2f} s, step "
+                f"{r['step_s']:.2f} s), exit {r['exit_s']:.2f} s, loss {r['loss']}, "
+                f"peak RSS {human(r['peak_rss_bytes'])}")
             prepare_cache(args.model_dir, args.cache)
             log(f"round {i + 1}/{repeats}: transformers ...")
             hf.append(run_hf(args, work, i))
             r = hf[-1]
             log(f"  first step ends at {r['first_step_s']:.2f} s (from_pretrained {r['load_s']:.2f} s, step "
-                f"{r['step_s']:.2f} s), exit {r['exit_s']:.2f} s, loss {r['loss']:.4f}, "
+                f"{r['step_s']:.2f} s), exit {r['exit_s']:.2f} s, loss {r['loss']}, "
                 f"peak RSS {human(r['peak_rss_bytes'])}")
     except RuntimeError as e:
         print(f"first_step.py: {e}", file=sys.stderr)
@@ -589,7 +597,7 @@ def main():
                   f"included); the whole run took {time.time() - t_all:.0f} s"
                   + ("; other work kept the CPUs busy at the start: rerun on a quiet machine"
                      if busy and busy > 0.25 else ""))
-    ratios = print_report(args, p, layout_text, torus, hf, checks, header)
+    ratios = print_report(torus, hf, checks, header)
     ok = all(c[1] for c in checks)
     if args.json:
         with open(args.json, "w") as f:

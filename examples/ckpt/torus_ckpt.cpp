@@ -5,9 +5,10 @@
 //   torus-ckpt verify PATH...           every file's SHA-256 and header; exit 1 naming the first bad file
 //   torus-ckpt export PATH OUT.safetensors [--prefix model.] [--all]
 //                                       one consolidated safetensors file of full, unpadded tensors
-//   torus-ckpt export-hf PATH OUT_DIR [--dtype f32|bf16|f16]
-//                                       a Hugging Face directory (config.json, model.safetensors) of a
-//                                       GPT or Llama checkpoint, for from_pretrained (docs/hf.md)
+//   torus-ckpt export-hf PATH OUT_DIR [--dtype f32|bf16|f16] [--max-shard-size 5GB] [--tokenizer DIR|-]
+//                                       a Hugging Face directory (config.json, model.safetensors or
+//                                       shards with their index, the tokenizer's files) of a GPT or
+//                                       Llama checkpoint, for from_pretrained (docs/hf.md)
 //
 // Nothing here executes anything read from disk: the manifest is JSON, the
 // tensors safetensors with validated headers.
@@ -21,6 +22,7 @@
 
 #include "torus/checkpoint/checkpoint.h"
 #include "torus/train/hf.h"
+#include "torus/train/metrics.h"
 
 namespace {
 
@@ -101,10 +103,10 @@ int cmd_export(const std::string& path, const std::string& out, const std::strin
   return 0;
 }
 
-int cmd_export_hf(const std::string& path, const std::string& out, const std::string& dtype) {
+int cmd_export_hf(const std::string& path, const std::string& out, const std::string& dtype,
+                  train::HfExportOptions options) {
   const auto ck = ckpt::Checkpoint::open(path);
   ck.verify();
-  train::HfExportOptions options;
   if (dtype == "f32") {
     options.dtype = c10::ScalarType::Float;
   } else if (dtype == "bf16") {
@@ -113,9 +115,13 @@ int cmd_export_hf(const std::string& path, const std::string& out, const std::st
     options.dtype = c10::ScalarType::Half;
   }
   const train::HfConfig config = train::hf_config_of_checkpoint(ck);
-  train::export_hf(ck, config, out, options);
-  fmt::print("{}: step {} written to {} as a Hugging Face {} model\n", path, ck.info().step, out,
-             train::hf_model_type(config.family));
+  const train::HfExportReport r = train::export_hf(ck, config, out, options);
+  fmt::print("{}: step {} written to {} as a Hugging Face {} model: {} in {} ({})\n", path, ck.info().step, out,
+             train::hf_model_type(config.family), train::format_bytes(r.total_bytes),
+             r.weight_files.size() == 1 ? r.weight_files[0] : fmt::format("{} shards", r.weight_files.size()),
+             r.tokenizer_files.empty() ? std::string("no tokenizer files")
+                                       : fmt::format("tokenizer files from {}: {}", r.tokenizer_dir,
+                                                     fmt::join(r.tokenizer_files, ", ")));
   return 0;
 }
 
@@ -141,16 +147,26 @@ int main(int argc, char** argv) {
   std::string hf_dtype;
   auto* exp_hf = app.add_subcommand("export-hf", "write a Hugging Face directory (GPT-2 or Llama) for from_pretrained");
   exp_hf->add_option("path", path, "checkpoint directory (step-N)")->required();
-  exp_hf->add_option("out", out, "output directory (created; config.json and model.safetensors)")->required();
+  exp_hf->add_option("out", out, "output directory (created; config.json and model.safetensors or shards)")
+      ->required();
   exp_hf->add_option("--dtype", hf_dtype, "the tensors' dtype in the files (default: as saved)")
       ->check(CLI::IsMember({"f32", "bf16", "f16"}));
+  train::HfExportOptions hf_options;
+  exp_hf
+      ->add_option("--max-shard-size", hf_options.max_shard_bytes,
+                   "largest weight file (5GB, 500MB, 2GiB, bytes); a larger model is written in shards with "
+                   "model.safetensors.index.json; 0: one file (default 5GB)")
+      ->transform(CLI::AsSizeValue(/*kb_is_1000=*/true));
+  exp_hf->add_option("--tokenizer", hf_options.tokenizer_dir,
+                     "copy this directory's tokenizer files (tokenizer.json, tokenizer.model, vocab.json, ...); "
+                     "default: the run's --init-from directory when it has them; '-': none");
   CLI11_PARSE(app, argc, argv);
   try {
     if (*list) return cmd_list(dir);
     if (*info) return cmd_info(path);
     if (*verify) return cmd_verify(paths);
     if (*exp) return cmd_export(path, out, all ? "" : prefix);
-    if (*exp_hf) return cmd_export_hf(path, out, hf_dtype);
+    if (*exp_hf) return cmd_export_hf(path, out, hf_dtype, hf_options);
   } catch (const torus::Error& e) {
     std::fprintf(stderr, "torus-ckpt: %s\n", e.what());
     return 1;

@@ -13,12 +13,16 @@
 #include <ATen/Functions.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <string>
+
+#include <nlohmann/json.hpp>
 
 #include "checkpoint/file_io.h"
 #include "parallel/parallel_test_util.h"
@@ -452,6 +456,96 @@ TEST(HfGpt2, ExportThenImportRoundTrip) {
               at::kBFloat16);
     EXPECT_EQ(read_hf_config(out + "-bf16").dtype, "bfloat16");
   }
+}
+
+// A model larger than --max-shard-size is written as shards and their index
+// (every tensor once, each shard within the limit unless one tensor alone
+// exceeds it) that the loader reads back; the tokenizer files of the run's
+// --init-from directory are copied beside it; an export of one file into the
+// same directory removes the shards.
+TEST(HfGpt2, ShardedExportAndTokenizerFiles) {
+  const std::string dir = job_dir("export-sharded");
+  models::GPTConfig g = tiny_gpt(78);
+  g.tie_embeddings = false;
+  GPTTrainer trainer(world(), g, {});
+  const Tensors want = trainer.gather_local_parameters();
+  const std::string tok = dir + "/tokenizer-src";
+  ASSERT_EQ(::mkdir(dir.c_str(), 0755) == 0 || errno == EEXIST, true);
+  ASSERT_EQ(::mkdir(tok.c_str(), 0755), 0);
+  const std::map<std::string, std::string> tok_files = {{"tokenizer.json", R"({"version": "1.0", "model": {}})"},
+                                                         {"tokenizer_config.json", R"({"model_max_length": 16})"}};
+  for (const auto& [name, text] : tok_files) std::ofstream(tok + "/" + name) << text;
+  RunDescription run;
+  run.model = R"({"model": "gpt", "layers": 2, "hidden": 32, "heads": 4, "ffn": 0, "tie_embeddings": false})";
+  run.options = fmt::format(R"({{"model": "gpt", "seq": 16, "init-from": "{}"}})", tok);
+  CheckpointPolicy policy;
+  policy.dir = dir + "/ck";
+  std::string path;
+  {
+    Checkpointer saver(world(), trainer, policy, run);
+    saver.save(1, "{}");
+    path = saver.last_path();
+  }
+  const auto ck = ckpt::Checkpoint::open(path);
+  const HfConfig hf = hf_config_of_checkpoint(ck);
+  const std::string single = dir + "/single", sharded = dir + "/sharded";
+  const HfExportReport one = export_hf(ck, hf, single, {.max_shard_bytes = 0, .tokenizer_dir = "-"});
+  ASSERT_EQ(one.weight_files, std::vector<std::string>{"model.safetensors"});
+  EXPECT_TRUE(one.tokenizer_files.empty());
+  const Tensors whole = ckpt::read_safetensors(single + "/model.safetensors");
+  const int64_t limit = 20000;
+  const HfExportReport r = export_hf(ck, hf, sharded, {.max_shard_bytes = limit});
+  ASSERT_GT(r.weight_files.size(), 2u);
+  EXPECT_EQ(r.weight_files.front(), fmt::format("model-00001-of-{:05d}.safetensors", r.weight_files.size()));
+  const std::string index_text = [&] {
+    std::ifstream in(sharded + "/model.safetensors.index.json");
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }();
+  const nlohmann::json index = nlohmann::json::parse(index_text);
+  EXPECT_EQ(index["metadata"]["total_size"].get<int64_t>(), r.total_bytes);
+  int64_t total = 0;
+  std::map<std::string, std::string> seen;
+  for (const std::string& file : r.weight_files) {
+    const Tensors part = ckpt::read_safetensors(sharded + "/" + file);
+    int64_t bytes = 0;
+    for (const auto& [name, t] : part) {
+      bytes += t.numel() * static_cast<int64_t>(t.element_size());
+      EXPECT_TRUE(seen.emplace(name, file).second) << name << " in two shards";
+      EXPECT_EQ(index["weight_map"][name].get<std::string>(), file) << name;
+      EXPECT_TRUE(at::equal(t, whole.at(name))) << name;
+    }
+    EXPECT_TRUE(bytes <= limit || part.size() == 1) << file << " holds " << bytes << " bytes";
+    total += bytes;
+  }
+  EXPECT_EQ(seen.size(), whole.size());
+  EXPECT_EQ(total, r.total_bytes);
+  EXPECT_EQ(index["weight_map"].size(), whole.size());
+  // The loader reads the shards through the index.
+  models::GPTConfig u = tiny_gpt(5);
+  u.tie_embeddings = false;
+  GPTTrainer fresh(world(), u, {});
+  load_hf_weights(fresh, sharded);
+  expect_same(fresh.gather_local_parameters(), want);
+  // The tokenizer files of the run's --init-from directory, byte for byte.
+  EXPECT_EQ(r.tokenizer_dir, tok);
+  ASSERT_EQ(r.tokenizer_files.size(), tok_files.size());
+  for (const auto& [name, text] : tok_files) {
+    std::ifstream in(sharded + "/" + name);
+    EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), text) << name;
+  }
+  // One file into the same directory: the shards and the index are gone.
+  export_hf(ck, hf, sharded, {.max_shard_bytes = 0});
+  const std::vector<std::string> left = ckpt::list_dir(sharded);
+  for (const std::string& n : left) {
+    EXPECT_TRUE(n.rfind("model-", 0) != 0 && n != "model.safetensors.index.json") << n << " was left";
+  }
+  EXPECT_TRUE(std::count(left.begin(), left.end(), "model.safetensors") == 1);
+  load_hf_weights(fresh, sharded);
+  expect_same(fresh.gather_local_parameters(), want);
+  // An explicit tokenizer directory without tokenizer files is refused before anything is written.
+  EXPECT_HAS(error_of([&] { export_hf(ck, hf, dir + "/never", {.tokenizer_dir = policy.dir}); }),
+             "has no tokenizer file");
+  EXPECT_FALSE(std::filesystem::exists(dir + "/never"));
 }
 
 // --- Llama, on plain tensors -------------------------------------------------------------

@@ -3,7 +3,9 @@
 * Export: a Llama (GQA, untied) and a GPT trained a few steps by TrainLoop,
   written by ``torus-ckpt export-hf``, load with ``from_pretrained``; the
   loss transformers computes on a batch equals Torus's ``evaluate`` on it,
-  and its logits equal ``Trainer.logits`` position for position.
+  and its logits equal ``Trainer.logits`` position for position; in shards
+  (``--max-shard-size``) with the tokenizer of the run's ``--init-from``
+  directory, it loads the same way and the tokenizer loads too.
 * A model whose head split or rotary embedding differs from the
   directory's is refused before loading (the shapes alone would not show it).
 * Import: a randomly initialised ``LlamaForCausalLM`` / ``GPT2LMHeadModel``
@@ -86,6 +88,34 @@ def test_export_loads_in_transformers_with_the_same_loss(world, tmp_path, model,
     assert_same_logits(loop.trainer(), hf, tokens)
     if model.startswith("llama"):
         assert hf.config.num_key_value_heads == 2 and not hf.config.tie_word_embeddings
+
+
+def test_sharded_export_with_the_tokenizer_of_the_init_directory(world, tmp_path):
+    # A run started from a Hugging Face directory that has a tokenizer: its
+    # export, in shards of at most 64 kB, loads with from_pretrained (index
+    # and all) to the same logits, and the tokenizer comes along.
+    from tokenizers import Tokenizer, models as tok_models, pre_tokenizers
+
+    hf, d = hf_llama(tmp_path)
+    tok = Tokenizer(tok_models.WordLevel({"[UNK]": 0, "hello": 1, "world": 2, "torus": 3}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]").save_pretrained(str(d))
+    loop = train.TrainLoop(world, train.RunConfig(out=str(tmp_path / "run"), model=str(d), init_from=str(d), steps=2,
+                                                  save_every=2, **COMMON))
+    loop.run()
+    out = tmp_path / "hf-out"
+    r = subprocess.run([str(BIN / "torus-ckpt"), "export-hf", str(tmp_path / "run" / "checkpoints" / "step-00000002"),
+                        str(out), "--max-shard-size", "64kB"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    shards = sorted(set(index["weight_map"].values()))
+    assert len(shards) > 1 and all((out / s).stat().st_size <= 64_000 + 4096 for s in shards[:-1])
+    assert not (out / "model.safetensors").exists()
+    assert "tokenizer files from" in r.stdout
+    exported = transformers.AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32, use_kernels=False)
+    assert_same_logits(loop.trainer(), exported, batch(256, 15))
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(out))
+    assert tokenizer("hello torus world")["input_ids"] == [1, 3, 2]
 
 
 def test_bad_export_is_refused(tmp_path):

@@ -122,12 +122,41 @@ HfConfig hf_config_of_checkpoint(const ckpt::Checkpoint& ckpt);
 
 struct HfExportOptions {
   std::optional<c10::ScalarType> dtype;  // the tensors' dtype in the files; unset: as saved
+  // Largest shard in bytes (Hugging Face's default, 5 GB); a model larger
+  // than this is written as model-0000K-of-0000N.safetensors with a
+  // model.safetensors.index.json. 0: always one model.safetensors.
+  int64_t max_shard_bytes = 5'000'000'000;
+  // Tokenizer files to copy beside the weights (hf_tokenizer_files: the
+  // ones that exist). Empty: the run's --init-from directory when the
+  // manifest names one that has them, else none. "-": none.
+  std::string tokenizer_dir;
 };
-// Writes <out_dir>/config.json and <out_dir>/model.safetensors (atomic:
-// temporary names, fsync, rename), reading every model tensor of `ckpt`
-// with read_full (any layout) and applying to_hf_tensors. Creates out_dir.
-// CheckpointError on a tensor the checkpoint lacks or I/O failure.
-void export_hf(const ckpt::Checkpoint& ckpt, const HfConfig& config, const std::string& out_dir,
-               const HfExportOptions& options = {});
+
+// The tokenizer (and generation) files of a Hugging Face directory that
+// exist: tokenizer.json, tokenizer_config.json, special_tokens_map.json,
+// tokenizer.model, vocab.json, merges.txt, added_tokens.json,
+// generation_config.json. Their names.
+std::vector<std::string> hf_tokenizer_files(const std::string& dir);
+
+// What export_hf wrote.
+struct HfExportReport {
+  std::vector<std::string> weight_files;  // model.safetensors or the shards, in order
+  std::vector<std::string> tokenizer_files;
+  std::string tokenizer_dir;              // where they came from ("" when none)
+  int64_t total_bytes = 0;                // tensor bytes in the weight files
+};
+
+// Writes <out_dir>/config.json and the weights — model.safetensors, or the
+// shards and their index when the model is larger than
+// options.max_shard_bytes — each atomically (temporary name, fsync,
+// rename; config.json and the index last), reading every model tensor of
+// `ckpt` with read_full (any layout) and applying to_hf_tensors; copies the
+// tokenizer files (HfExportOptions::tokenizer_dir). Weight files of the
+// other form left by an earlier export are removed, so from_pretrained
+// reads only these. Creates out_dir. CheckpointError on a tensor the
+// checkpoint lacks or I/O failure; InvalidArgument when an explicit
+// tokenizer_dir has no tokenizer file.
+HfExportReport export_hf(const ckpt::Checkpoint& ckpt, const HfConfig& config, const std::string& out_dir,
+                         const HfExportOptions& options = {});
 
 }  // namespace torus::train

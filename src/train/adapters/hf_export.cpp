@@ -6,6 +6,8 @@
 
 #include <cerrno>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 #include <nlohmann/json.hpp>
 #include <regex>
 
@@ -199,27 +201,130 @@ HfConfig hf_config_of_checkpoint(const ckpt::Checkpoint& ck) {
   return c;
 }
 
-void export_hf(const ckpt::Checkpoint& ck, const HfConfig& config, const std::string& out_dir,
-               const HfExportOptions& options) {
+std::vector<std::string> hf_tokenizer_files(const std::string& dir) {
+  static const char* const kNames[] = {"tokenizer.json",   "tokenizer_config.json", "special_tokens_map.json",
+                                       "tokenizer.model",  "vocab.json",            "merges.txt",
+                                       "added_tokens.json", "generation_config.json"};
+  std::vector<std::string> out;
+  for (const char* name : kNames) {
+    struct stat st {};
+    if (::stat((dir + "/" + name).c_str(), &st) == 0 && S_ISREG(st.st_mode)) out.emplace_back(name);
+  }
+  return out;
+}
+
+namespace {
+
+bool is_directory(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+// The tokenizer directory of an export: the option, else the run's
+// --init-from when it is a directory with tokenizer files.
+std::string tokenizer_source(const ckpt::Checkpoint& ck, const HfExportOptions& options) {
+  if (options.tokenizer_dir == "-") return {};
+  if (!options.tokenizer_dir.empty()) {
+    TORUS_CHECK(!hf_tokenizer_files(options.tokenizer_dir).empty(), InvalidArgument,
+                "hf export: {} has no tokenizer file (tokenizer.json, tokenizer.model, vocab.json, ...)",
+                options.tokenizer_dir);
+    return options.tokenizer_dir;
+  }
+  const Json run = parse_object(ck.info().options, "options");
+  const std::string init = run.value("init-from", std::string());
+  if (init.empty() || !is_directory(init) || hf_tokenizer_files(init).empty()) return {};
+  return init;
+}
+
+// Copies `from` to `to` atomically (temporary name, fsync, rename).
+void copy_file_durable(const std::string& from, const std::string& to) {
+  const std::string part = to + ".tmp";
+  ::unlink(part.c_str());
+  std::ifstream in(from, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (!in.good() && !in.eof()) throw ckpt::CheckpointError(fmt::format("hf export: cannot read {}", from));
+  ckpt::write_file(part, text.str());
+  ckpt::rename_durable(part, to);
+}
+
+}  // namespace
+
+HfExportReport export_hf(const ckpt::Checkpoint& ck, const HfConfig& config, const std::string& out_dir,
+                         const HfExportOptions& options) {
+  TORUS_CHECK(options.max_shard_bytes >= 0, InvalidArgument, "hf export: the shard size must be >= 0, got {}",
+              options.max_shard_bytes);
+  HfExportReport report;
+  report.tokenizer_dir = tokenizer_source(ck, options);  // checked before anything is written
   if (::mkdir(out_dir.c_str(), 0755) != 0 && errno != EEXIST) {
     throw ckpt::CheckpointError(fmt::format("hf export: cannot create {}: {}", out_dir, std::strerror(errno)));
   }
-  std::map<std::string, at::Tensor> full;
+  std::map<std::string, at::Tensor> hf;
   c10::ScalarType saved = at::kFloat;
-  for (const auto& [name, info] : ck.tensors()) {
-    if (name.rfind("model.", 0) != 0) continue;
-    at::Tensor t = ck.read_full(name);
-    saved = t.scalar_type();
-    full[name.substr(6)] = options.dtype ? t.to(*options.dtype) : t;
-  }
-  std::map<std::string, at::Tensor> hf = to_hf_tensors(config, full);
+  {
+    std::map<std::string, at::Tensor> full;
+    for (const auto& [name, info] : ck.tensors()) {
+      if (name.rfind("model.", 0) != 0) continue;
+      at::Tensor t = ck.read_full(name);
+      saved = t.scalar_type();
+      full[name.substr(6)] = options.dtype ? t.to(*options.dtype) : t;
+    }
+    hf = to_hf_tensors(config, full);
+  }  // the Torus copies are gone before the files are written
   const c10::ScalarType dtype = options.dtype.value_or(saved);
-  const std::string sf = out_dir + "/model.safetensors", cfg = out_dir + "/config.json";
-  ckpt::write_safetensors(sf, hf, {{"format", "pt"}, {"torus_step", std::to_string(ck.info().step)}});
+  for (const auto& [name, t] : hf) report.total_bytes += t.numel() * static_cast<int64_t>(t.element_size());
+
+  // Shards: tensors in name order, a new shard when the next would pass the limit.
+  std::vector<std::map<std::string, at::Tensor>> shards(1);
+  int64_t in_shard = 0;
+  for (auto& [name, t] : hf) {
+    const int64_t bytes = t.numel() * static_cast<int64_t>(t.element_size());
+    if (options.max_shard_bytes > 0 && in_shard > 0 && in_shard + bytes > options.max_shard_bytes) {
+      shards.emplace_back();
+      in_shard = 0;
+    }
+    shards.back()[name] = std::move(t);
+    in_shard += bytes;
+  }
+  hf.clear();
+  const std::map<std::string, std::string> meta{{"format", "pt"}, {"torus_step", std::to_string(ck.info().step)}};
+  const std::string dir = out_dir + "/";
+  const std::string index_name = "model.safetensors.index.json";
+  // Weight files of an earlier export in the other form (or another shard
+  // count). POSIX calls: Note [No std::filesystem for trees] in file_io.h.
+  for (const std::string& n : ckpt::list_dir(out_dir)) {
+    const bool shard_file = n.rfind("model-", 0) == 0 && n.find("-of-") != std::string::npos &&
+                            n.size() > 12 && n.compare(n.size() - 12, 12, ".safetensors") == 0;
+    if (shard_file || n == "model.safetensors" || n == index_name) ::unlink((dir + n).c_str());
+  }
+  Json weight_map = Json::object();
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const std::string file = shards.size() == 1 ? "model.safetensors"
+                                                : fmt::format("model-{:05d}-of-{:05d}.safetensors", i + 1, shards.size());
+    ckpt::write_safetensors(dir + file, shards[i], meta);
+    for (const auto& [name, t] : shards[i]) weight_map[name] = file;
+    report.weight_files.push_back(file);
+    shards[i].clear();
+  }
+  if (shards.size() > 1) {
+    const Json index = {{"metadata", {{"total_size", report.total_bytes}}}, {"weight_map", weight_map}};
+    const std::string part = dir + index_name + ".tmp";
+    ::unlink(part.c_str());
+    ckpt::write_file(part, index.dump(2) + "\n");
+    ckpt::rename_durable(part, dir + index_name);
+  }
+  if (!report.tokenizer_dir.empty()) {
+    for (const std::string& name : hf_tokenizer_files(report.tokenizer_dir)) {
+      copy_file_durable(report.tokenizer_dir + "/" + name, dir + name);
+      report.tokenizer_files.push_back(name);
+    }
+  }
+  const std::string cfg = dir + "config.json";
   const std::string part = cfg + ".tmp";
   ::unlink(part.c_str());
   ckpt::write_file(part, hf_config_json(config, dtype));
   ckpt::rename_durable(part, cfg);
+  return report;
 }
 
 }  // namespace torus::train
