@@ -2,7 +2,8 @@
 // a small GPT through GPTTrainer in one layout — any schedule, PP, TP with or
 // without sequence parallelism, DP — reproduce single-process training: the
 // losses within 1e-5 (relative) and the weights each rank holds within 1e-4
-// (max |difference| over max |weight|) in f32; both within 1e-10 in f64.
+// (max |difference| over max |weight|) in f32; both within 1e-10 in f64; in
+// bf16 (the Llama cases) against the same engine on one rank (check_half_contract).
 //
 // TORUS_TEST_LAYOUT names the layout, e.g. "pp2,1f1b", "pp4,interleaved,v2",
 // "tp2,pp2,dp2,zb-h1,sp", optionally "untied" (untied output layer) and
@@ -158,14 +159,15 @@ Trained reference(const Config& config) {
 }
 
 template <class Config>
-Trained parallel(const Config& config, std::shared_ptr<const Model> model, const Case& c) {
+Trained parallel(const Config& config, std::shared_ptr<const Model> model, const Case& c,
+                 const comm::ProcessGroupPtr& group = world()) {
   OptimizerConfig optim;
   optim.lr = kLr;
   optim.grad_clip = kClip;
   optim.eps = kEps;
   TrainerOptions options;
   options.zero_stage = c.zero;
-  Trainer trainer(world(), std::move(model), c.layout, optim, options);
+  Trainer trainer(group, std::move(model), c.layout, optim, options);
   Trained out;
   for (int step = 0; step < kSteps; ++step) {
     StepStats st = trainer.train_step(batch(config, step));
@@ -226,6 +228,73 @@ void check_contract(at::ScalarType dtype, double tol_loss, double tol_weight) {
 
 TEST(GPT3DContract, Float32) { check_contract(at::kFloat, 1e-5, 1e-4); }
 TEST(GPT3DContract, Float64) { check_contract(at::kDouble, 1e-10, 1e-10); }
+
+// Mixed precision in a layout (Note [Half-precision contract] in
+// tests/models/gpt_layouts_test.cpp, carried to 3D): bf16 parameters and
+// activations with the engine's f32 gradients and AdamW state, in the layout
+// against the same engine on one rank (the whole model, the whole batch; its
+// own bf16 arithmetic is held to f32 by train_engine_np1). The layouts differ
+// from one rank only where reductions round (TP all-reduces, DP averages,
+// SP's partial gradients, pipeline micro-batch sums): the losses within u/2
+// (u = 2^-8), each weight within 4x bf16's own distance from f32 training on
+// that weight, and at least 2u.
+template <class Config>
+void check_half_contract(Config config, const std::function<std::shared_ptr<const Model>(const Config&)>& make,
+                         const Case& c) {
+  constexpr double u = 1.0 / 256;
+  static comm::ProcessGroupPtr self = world()->split(world()->rank(), 0, "self");
+  Case one;
+  one.layout.num_micro = c.layout.num_micro;
+  one.tied = c.tied;
+  one.zero = 0;
+  config.dtype = at::kBFloat16;
+  const Trained ref = parallel(config, make(config), one, self);
+  const Trained got = parallel(config, make(config), c);
+  Config f32 = config;
+  f32.dtype = at::kFloat;
+  const Trained ref32 = parallel(f32, make(f32), one, self);
+  ASSERT_EQ(got.losses.size(), ref.losses.size());
+  EXPECT_LT(ref.losses.back(), ref.losses.front()) << "the reference did not learn";
+  double worst_loss = 0, worst_weight = 0;
+  for (size_t i = 0; i < ref.losses.size(); ++i) {
+    const double rel = std::abs(got.losses[i] - ref.losses[i]) / std::abs(ref.losses[i]);
+    worst_loss = std::max(worst_loss, rel);
+    EXPECT_LE(rel, u / 2) << "step " << i << ": loss " << got.losses[i] << " vs " << ref.losses[i];
+  }
+  ASSERT_FALSE(got.weights.empty());
+  for (const auto& [name, w] : got.weights) {
+    // A pipeline's copy of the tied embedding is "head.output" (as in check_contract).
+    const bool copy = c.tied && name == "head.output" && !ref.weights.count(name);
+    const std::string ref_name = copy ? "embedding.word.weight" : name;
+    ASSERT_TRUE(ref.weights.count(ref_name)) << name;
+    const at::Tensor& r = ref.weights.at(ref_name);
+    const double rel = testing::rel_diff(w.to(at::kFloat), r.to(at::kFloat));
+    worst_weight = std::max(worst_weight, rel);
+    const double tol = std::max(4.0 * testing::rel_diff(r.to(at::kFloat), ref32.weights.at(ref_name)), 2 * u);
+    EXPECT_LE(rel, tol) << name;
+  }
+  if (world()->rank() == 0) {
+    std::printf("[3d-contract] %s (%s) bf16: %d steps, loss %.6f -> %.6f, worst loss diff %.2e, worst weight diff "
+                "%.2e\n",
+                c.name.c_str(), c.layout.describe().c_str(), kSteps, ref.losses.front(), ref.losses.back(), worst_loss,
+                worst_weight);
+  }
+}
+
+TEST(GPT3DContract, BFloat16) {
+  const Case c = case_from_env();
+  if (c.llama) {
+    models::LlamaConfig config = llama_config(at::kBFloat16, c.tied);
+    if (c.recompute) config.recompute = recompute::Policy::parse("full");
+    check_half_contract<models::LlamaConfig>(
+        config, [](const models::LlamaConfig& x) { return std::make_shared<LlamaModel>(x); }, c);
+  } else {
+    models::GPTConfig config = model_config(at::kBFloat16, c.tied);
+    if (c.recompute) config.recompute = recompute::Policy::parse("full");
+    check_half_contract<models::GPTConfig>(
+        config, [](const models::GPTConfig& x) { return std::make_shared<GPTModel>(x); }, c);
+  }
+}
 
 // Note [Deferred weight gradients]: a backward under a store computes every
 // gradient but the linear layers' weights (4 per block), which flush() adds
