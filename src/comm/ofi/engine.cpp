@@ -452,8 +452,47 @@ bool Engine::poll_once(std::vector<Completion>& done) {
   return progress || !done.empty();
 }
 
+// Note [Held provider errors]: when ranks disagree on a message's size, the
+// rank that received the longer message usually gets FI_ETRUNC ("ranks
+// passed different sizes"), but shm sometimes reports it as a plain I/O
+// error, and a peer's failure shows up the same way on a live link. The
+// peer that found the cause announces it (an abort notice) a moment later.
+// So a provider error on a group that is not broken yet is held for
+// kProviderErrorHold: the op's requests are abandoned at once, and the op
+// fails with the notice's cause if one arrives (poll_once: the group is
+// broken), else with its own error when the hold ends. Timeouts, refusals
+// and errors that already name the cause are not held.
+constexpr std::chrono::milliseconds kProviderErrorHold{300};
+
+bool Engine::hold_or_fail(Op& op, std::exception_ptr error, std::vector<Completion>& done) {
+  bool holdable = false;
+  try {
+    std::rethrow_exception(error);
+  } catch (const TimeoutError&) {
+  } catch (const CommError& e) {
+    const std::string what = e.what();
+    holdable = what.find("(provider:") != std::string::npos && what.find("different sizes") == std::string::npos;
+  } catch (...) {
+  }
+  if (!holdable || op.held_error || op.group->broken()) {
+    fail(op, error, done);
+    return true;
+  }
+  if (op.ctx) op.ctx->abandon();
+  op.held_error = error;
+  op.hold_until = Clock::now() + kProviderErrorHold;
+  return false;
+}
+
 // Starts or resumes `op`; returns true when it finished (either way).
 bool Engine::step(Op& op, std::vector<Completion>& done) {
+  if (op.held_error) {  // Note [Held provider errors]
+    if (Clock::now() < op.hold_until) return false;
+    std::exception_ptr e = op.held_error;
+    op.held_error = nullptr;
+    fail(op, e, done);
+    return true;
+  }
   try {
     if (!op.ctx) {
       if (op.group->broken()) {
@@ -471,13 +510,12 @@ bool Engine::step(Op& op, std::vector<Completion>& done) {
       h.resume();
     }
   } catch (...) {
-    fail(op, std::current_exception(), done);
-    return true;
+    return hold_or_fail(op, std::current_exception(), done);
   }
   if (op.ctx->root.done()) {
     std::exception_ptr error = op.ctx->root.error();
     if (error) {
-      fail(op, error, done);
+      return hold_or_fail(op, error, done);
     } else {
       finish(op, nullptr, done);
     }
@@ -542,7 +580,7 @@ void Engine::check_deadlines(Clock::time_point now, std::vector<Completion>& don
   for (auto& g : groups_) {
     for (size_t i = 0; i < g->queue.size(); ++i) {
       Op& op = *g->queue[i];
-      if (op.ctx && now >= op.next_liveness_check) {
+      if (op.ctx && !op.held_error && now >= op.next_liveness_check) {
         op.next_liveness_check = now + kLivenessPeriod;
         if (check_liveness(op, done)) {
           g->queue.erase(g->queue.begin() + static_cast<long>(i));

@@ -311,6 +311,10 @@ struct Op {
   Clock::time_point deadline;
   Clock::time_point next_liveness_check{};
   std::optional<OpCtx> ctx;  // set when started
+  // Note [Held provider errors]: a provider error kept back while a peer's
+  // abort notice may still name the cause; the op fails at hold_until.
+  std::exception_ptr held_error;
+  Clock::time_point hold_until{};
 };
 
 template <typename Body>
@@ -426,6 +430,9 @@ class Engine : public std::enable_shared_from_this<Engine> {
   void place(std::unique_ptr<Op> op, std::vector<Completion>& done);
   bool step(Op& op, std::vector<Completion>& done);
   void fail(Op& op, std::exception_ptr error, std::vector<Completion>& done);
+  // fail(), or hold a provider error back a moment (Note [Held provider
+  // errors] in engine.cpp); returns whether the op finished.
+  bool hold_or_fail(Op& op, std::exception_ptr error, std::vector<Completion>& done);
   void finish(Op& op, std::exception_ptr error, std::vector<Completion>& done);
   void check_deadlines(Clock::time_point now, std::vector<Completion>& done);
   bool check_liveness(Op& op, std::vector<Completion>& done);
