@@ -66,12 +66,14 @@ import os
 import pathlib
 import shlex
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+from procs import kill_session  # noqa: E402  (bench/procs.py)
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 MPI_FLAGS = ["--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "--mca", "btl", "self,vader,tcp",
@@ -88,22 +90,8 @@ def run_job(cmd, env, timeout):
         out, err = p.communicate(timeout=timeout)
         return p.returncode, out, err
     except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGTERM)
-        try:
-            out, err = p.communicate(timeout=15)
-        except subprocess.TimeoutExpired:
-            out, err = "", ""
-        for name in os.listdir("/proc"):
-            try:
-                with open(f"/proc/{name}/stat") as f:
-                    stat = f.read()
-                if name.isdigit() and int(stat[stat.rindex(")") + 2:].split()[3]) == p.pid:
-                    os.kill(int(name), signal.SIGKILL)
-            except (OSError, ValueError):
-                pass
-        p.kill()
-        p.wait()
-        return None, out or "", err or ""
+        out, err = kill_session(p)
+        return None, out, err
 
 
 def sha256_gbps(nbytes=256 << 20):

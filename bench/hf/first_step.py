@@ -76,12 +76,14 @@ import pathlib
 import re
 import shlex
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+from procs import kill_session  # noqa: E402  (bench/procs.py)
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 MPI_FLAGS = ["--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "--mca", "btl", "self,vader,tcp",
@@ -214,28 +216,6 @@ def worker_hf(args, p):
 
 # ---------------------------------------------------------------------------------------------------------------
 # The parent.
-
-def kill_session(p):
-    """SIGTERM to the session of p (mpirun passes it on), then SIGKILL of whatever is left in it."""
-    try:
-        os.killpg(p.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    try:
-        p.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        pass
-    for name in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                stat = f.read()
-            if name.isdigit() and int(stat[stat.rindex(")") + 2:].split()[3]) == p.pid:
-                os.kill(int(name), signal.SIGKILL)
-        except (OSError, ValueError):
-            pass
-    p.kill()
-    p.wait()
-
 
 def launch(cmd, env, log_path, timeout, watch=None):
     """Runs cmd in a session of its own with stdout and stderr to log_path. With watch (a metrics.jsonl path),

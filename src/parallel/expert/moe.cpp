@@ -83,6 +83,37 @@ struct ScaleGradFn : torch::autograd::Function<ScaleGradFn> {
   }
 };
 
+// Rows that arrive in blocks by source rank q, each block ordered by local
+// expert with counts[q x experts + e] rows of expert e: the permutation that
+// groups them by expert (source ranks in order within each), as a device
+// index, its inverse, and the rows per expert.
+struct ExpertGrouping {
+  at::Tensor perm, inverse;
+  std::vector<int64_t> per_expert;
+};
+ExpertGrouping group_by_expert(const std::vector<int64_t>& counts, int ranks, int64_t experts, c10::Device device) {
+  ExpertGrouping g;
+  g.per_expert.assign(static_cast<size_t>(experts), 0);
+  std::vector<int64_t> base(static_cast<size_t>(ranks) + 1, 0), perm;
+  for (int q = 0; q < ranks; ++q) {
+    base[q + 1] = base[q];
+    for (int64_t e = 0; e < experts; ++e) base[q + 1] += counts[q * experts + e];
+  }
+  perm.reserve(static_cast<size_t>(base[ranks]));
+  for (int64_t e = 0; e < experts; ++e) {
+    for (int q = 0; q < ranks; ++q) {
+      int64_t off = base[q];
+      for (int64_t j = 0; j < e; ++j) off += counts[q * experts + j];
+      for (int64_t r = 0; r < counts[q * experts + e]; ++r) perm.push_back(off + r);
+      g.per_expert[e] += counts[q * experts + e];
+    }
+  }
+  g.perm = at::tensor(perm, at::TensorOptions().dtype(at::kLong)).to(device);
+  g.inverse = at::empty_like(g.perm);
+  g.inverse.scatter_(0, g.perm, at::arange(g.perm.numel(), g.perm.options()));
+  return g;
+}
+
 // A layout-free host copy of a small int64 tensor.
 std::vector<int64_t> to_vector(const at::Tensor& t) {
   at::Tensor c = t.to(at::kCPU, at::kLong).contiguous();
@@ -273,29 +304,17 @@ at::Tensor MoELayer::run_experts_tp(const at::Tensor& x, const std::vector<int64
   // copies' gradients come back with the swapped splits and are summed.
   at::Tensor gathered = all_to_all(x.repeat({T, 1}), std::vector<int64_t>(T, m), rows, groups_.tp);
   // Regroup by expert (rank-major within each): each expert's rows, one matmul.
-  std::vector<int64_t> perm, per(El, 0), base(T, 0);
-  for (int q = 1; q < T; ++q) base[q] = base[q - 1] + rows[q - 1];
-  for (int64_t e = 0; e < El; ++e) {
-    for (int q = 0; q < T; ++q) {
-      int64_t off = base[q];
-      for (int64_t j = 0; j < e; ++j) off += cnt[q * El + j];
-      for (int64_t r = 0; r < cnt[q * El + e]; ++r) perm.push_back(off + r);
-      per[e] += cnt[q * El + e];
-    }
-  }
-  at::Tensor perm_t = at::tensor(perm, at::TensorOptions().dtype(at::kLong)).to(x.device());
-  at::Tensor grouped = gathered.index_select(0, perm_t);
+  const ExpertGrouping g = group_by_expert(cnt, T, El, x.device());
+  at::Tensor grouped = gathered.index_select(0, g.perm);
   std::vector<at::Tensor> outs;
   int64_t off = 0;
   for (int64_t e = 0; e < El; ++e) {
-    outs.push_back(expert_mlp(e, grouped.narrow(0, off, per[e]), /*bias2=*/false));
-    off += per[e];
+    outs.push_back(expert_mlp(e, grouped.narrow(0, off, g.per_expert[e]), /*bias2=*/false));
+    off += g.per_expert[e];
   }
   at::Tensor partial = outs.size() == 1 ? outs[0] : at::cat(outs, 0);
-  at::Tensor inv = at::empty_like(perm_t);
-  inv.scatter_(0, perm_t, at::arange(perm_t.numel(), perm_t.options()));
   // Back to the rank that owns each row, summed over the TP blocks.
-  at::Tensor back = all_to_all(partial.index_select(0, inv), rows, std::vector<int64_t>(T, m), groups_.tp);
+  at::Tensor back = all_to_all(partial.index_select(0, g.inverse), rows, std::vector<int64_t>(T, m), groups_.tp);
   at::Tensor y = back.view({T, m, x.size(1)}).sum(0);
   // fc2's bias once per row (replicated; its gradient partial over TP).
   std::vector<at::Tensor> biased;
@@ -402,24 +421,10 @@ at::Tensor MoELayer::forward(const at::Tensor& x) {
   at::Tensor x_recv = all_to_all(x_perm, send, recv, groups_.ep);  // rows by (source rank, local expert)
 
   // Group the received rows by local expert; run each expert on its rows.
-  std::vector<int64_t> perm;
-  perm.reserve(sum_of(recv));
-  std::vector<int64_t> per_expert(El, 0), base(P, 0);
-  for (int p = 1; p < P; ++p) base[p] = base[p - 1] + recv[p - 1];
-  for (int64_t e = 0; e < El; ++e) {
-    for (int p = 0; p < P; ++p) {
-      int64_t off = base[p];
-      for (int64_t j = 0; j < e; ++j) off += rc[p * El + j];
-      for (int64_t r = 0; r < rc[p * El + e]; ++r) perm.push_back(off + r);
-      per_expert[e] += rc[p * El + e];
-    }
-  }
-  at::Tensor perm_t = at::tensor(perm, at::TensorOptions().dtype(at::kLong)).to(x.device());
-  at::Tensor x_grp = x_recv.index_select(0, perm_t);
-  at::Tensor y_grp = expert_tp_ ? run_experts_tp(x_grp, per_expert) : run_experts(x_grp, per_expert);
-  at::Tensor inv = at::empty_like(perm_t);
-  inv.scatter_(0, perm_t, at::arange(perm_t.numel(), perm_t.options()));
-  at::Tensor y_recv = y_grp.index_select(0, inv);
+  const ExpertGrouping grp = group_by_expert(rc, P, El, x.device());
+  at::Tensor x_grp = x_recv.index_select(0, grp.perm);
+  at::Tensor y_grp = expert_tp_ ? run_experts_tp(x_grp, grp.per_expert) : run_experts(x_grp, grp.per_expert);
+  at::Tensor y_recv = y_grp.index_select(0, grp.inverse);
   at::Tensor y_back = all_to_all(y_recv, recv, send, groups_.ep);
 
   // Combine.
