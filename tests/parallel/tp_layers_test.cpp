@@ -165,6 +165,39 @@ TEST(Layers, ShardsAreSlicesOfTheSingleProcessWeights) {
   }
 }
 
+// SkipInitDraws: normally distributed shards come out as zeros of the
+// shard's shape (constants as usual), also when materialised from a
+// DeferredInit recipe; outside the scope the same call draws again.
+TEST(Layers, SkipInitDrawsGivesZerosOfTheShardShape) {
+  const ShardSpec rows{.dim = 0};
+  const InitSpec normal{InitSpec::Kind::kNormal, 0.02, 11};
+  const auto opts = at::TensorOptions().dtype(at::kFloat);
+  const at::Tensor drawn = init_shard({10, 4}, rows, 12, normal, 1, 4, opts);
+  at::Tensor skipped, ones, deferred_out;
+  DeferredInit deferred;
+  at::Tensor recorded;
+  {
+    SkipInitDraws skip;
+    {
+      SkipInitDraws nested;
+    }
+    skipped = init_shard({10, 4}, rows, 12, normal, 1, 4, opts);
+    ones = init_shard({4}, ShardSpec{}, -1, InitSpec{InitSpec::Kind::kOnes}, 0, 1, opts);
+    {
+      DeferredInit::Scope scope(deferred);
+      recorded = init_shard({10, 4}, rows, 12, normal, 1, 4, opts);
+    }
+    deferred_out = at::empty({3, 4}, opts);
+    deferred.materialize(recorded, deferred_out);
+  }
+  EXPECT_EQ(skipped.sizes(), drawn.sizes());
+  EXPECT_EQ(skipped.abs().max().item<float>(), 0.0f);
+  EXPECT_TRUE(at::equal(ones, at::ones({4}, opts)));
+  EXPECT_EQ(deferred_out.abs().max().item<float>(), 0.0f);
+  EXPECT_GT(drawn.abs().max().item<float>(), 0.0f);
+  EXPECT_TRUE(at::equal(init_shard({10, 4}, rows, 12, normal, 1, 4, opts), drawn)) << "the scope outlived itself";
+}
+
 TEST(Layers, ColumnParallelLinearMatchesTorch) {
   for (int t : tp_sizes()) {
     for (bool sp : {false, true}) {

@@ -48,11 +48,15 @@ int64_t pad_vocab(int64_t vocab, int tp_size, int64_t multiple) {
 namespace {
 
 thread_local DeferredInit* t_recorder = nullptr;
+thread_local bool t_skip_draws = false;
 
 at::Tensor draw_shard(at::IntArrayRef full_shape, const ShardSpec& spec, int64_t padded, const InitSpec& init,
                       int tp_rank, int tp_size, const at::TensorOptions& options);
 
 }  // namespace
+
+SkipInitDraws::SkipInitDraws() : previous_(t_skip_draws) { t_skip_draws = true; }
+SkipInitDraws::~SkipInitDraws() { t_skip_draws = previous_; }
 
 DeferredInit::Scope::Scope(DeferredInit& init) : previous_(t_recorder) { t_recorder = &init; }
 DeferredInit::Scope::~Scope() { t_recorder = previous_; }
@@ -104,6 +108,15 @@ namespace {
 at::Tensor draw_shard(at::IntArrayRef full_shape, const ShardSpec& spec, int64_t padded, const InitSpec& init,
                       int tp_rank, int tp_size, const at::TensorOptions& options) {
   const auto dtype = c10::typeMetaToScalarType(options.dtype());
+  if (t_skip_draws && init.kind == InitSpec::Kind::kNormal) {  // SkipInitDraws: overwritten right after
+    std::vector<int64_t> shape(full_shape.begin(), full_shape.end());
+    if (spec.sharded()) {
+      TORUS_CHECK(spec.dim < static_cast<int>(shape.size()), InvalidArgument,
+                  "init_shard: shard dim {} of a {}-d tensor", spec.dim, shape.size());
+      shape[spec.dim] = shard_range(padded, tp_rank, tp_size).size;
+    }
+    return at::zeros(shape, options.dtype(dtype));
+  }
   // Drawn on the CPU in f32 (f64 for f64 models), whatever the target type:
   // the same numbers on every rank and device.
   auto cpu = at::TensorOptions().dtype(dtype == at::kDouble ? at::kDouble : at::kFloat);

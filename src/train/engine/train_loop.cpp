@@ -8,12 +8,14 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/file_io.h"
 #include "core/log.h"
 #include "torus/comm/context.h"
 #include "torus/device/device.h"
+#include "torus/parallel/tensor/sharding.h"
 #include "torus/plan/planner.h"
 #include "torus/train/checkpointing.h"
 #include "torus/train/hf.h"
@@ -256,7 +258,13 @@ TrainLoop::TrainLoop(comm::ProcessGroupPtr world, RunConfig config, std::string 
     at::set_num_threads(c.threads > 0 ? c.threads : std::max(1, cores / local));
   }
 
-  m.trainer = std::make_unique<Trainer>(m.world, m.model, m.layout, run_optimizer(c), run_trainer_options(c));
+  {
+    // --init-from overwrites every parameter (its loader refuses a source
+    // that lacks one): the random draw would be thrown away.
+    std::optional<tp::SkipInitDraws> skip;
+    if (!c.init_from.empty()) skip.emplace();
+    m.trainer = std::make_unique<Trainer>(m.world, m.model, m.layout, run_optimizer(c), run_trainer_options(c));
+  }
 
   // Checkpoints: the run's description, then --init-from or --resume.
   {

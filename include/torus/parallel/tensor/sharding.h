@@ -87,6 +87,23 @@ at::Tensor init_shard(at::IntArrayRef full_shape, const ShardSpec& spec, int64_t
 // whole model; the values are those init_shard would have returned
 // (layout-independent init is kept). A tensor under deferral must not be
 // read before it is materialised.
+// While alive on this thread, init_shard and DeferredInit::materialize give
+// normally distributed parameters zeros instead of drawing their
+// layout-independent values (every rank draws every full tensor: the bulk of
+// building a large model on CPUs). For a model every parameter of which is
+// overwritten right after — torus-train --init-from, whose loader refuses a
+// source that lacks any parameter before it changes anything. Nests.
+class SkipInitDraws {
+ public:
+  SkipInitDraws();
+  ~SkipInitDraws();
+  SkipInitDraws(const SkipInitDraws&) = delete;
+  SkipInitDraws& operator=(const SkipInitDraws&) = delete;
+
+ private:
+  bool previous_;
+};
+
 class DeferredInit {
  public:
   class Scope {
