@@ -289,6 +289,30 @@ TEST(MoECheckpoint, SavedAtEp2ResumesAtEp4AndEp1) {
   }
 }
 
+// AdamW hardly sees a gradient's scale: a doubled or missing factor (1/ep,
+// a sum over TP of the split weights' full gradients) would change little
+// above. Plain SGD moves each weight by lr x its gradient, so the losses of
+// 20 SGD steps hold the expert-TP gradients to the one-process ones.
+TEST(MoELayouts, ExpertTpUnderSgd) {
+  ASSERT_EQ(world()->size(), 4);
+  const std::string dir = job_dir("sgd");
+  RunConfig base = moe_config(dir, 0.0);
+  base.optimizer = "sgd";
+  base.momentum = 0;
+  base.lr = 0.5;
+  base.min_lr = 0.5;
+  const LoopRun ref = reference(base, dir);
+  for (const Layout& l : {Layout{.tp = 2, .ep = 2, .expert_tp = true, .name = "tp2 ep2 expert-tp sgd"},
+                          Layout{.tp = 4, .expert_tp = true, .name = "tp4 expert-tp sgd"}}) {
+    RunConfig c = base;
+    c.out = dir + "/" + l.name;
+    c.tp = l.tp;
+    c.ep = l.ep;
+    c.expert_tp = l.expert_tp;
+    expect_same(ref, run_loop(world(), c), l.name);
+  }
+}
+
 // Experts split over TP are saved as TP boxes of the global expert tensors:
 // a checkpoint of tp2 x ep2 with --expert-tp resumes at ep4 (whole experts,
 // no TP) and at tp2 x dp2 (every expert on every rank, split over TP) with

@@ -46,6 +46,7 @@ class GPTModel : public Model {
                                             int64_t seq) const override;
   std::pair<int64_t, int64_t> routing_shape() const override;
   std::string describe() const override;
+  bool gives_logits() const override { return true; }
   std::string config_json() const override;
   c10::ScalarType param_dtype() const override { return config_.dtype; }
   c10::Device device() const override { return config_.device; }

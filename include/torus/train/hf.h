@@ -149,7 +149,8 @@ struct HfExportReport {
 // Writes <out_dir>/config.json and the weights — model.safetensors, or the
 // shards and their index when the model is larger than
 // options.max_shard_bytes — each atomically (temporary name, fsync,
-// rename; config.json and the index last), reading every model tensor of
+// rename; an earlier config.json is removed first, the new one written
+// last, so a directory with a config.json holds a whole export), reading every model tensor of
 // `ckpt` with read_full (any layout) and applying to_hf_tensors; copies the
 // tokenizer files (HfExportOptions::tokenizer_dir). Weight files of the
 // other form left by an earlier export are removed, so from_pretrained

@@ -41,6 +41,7 @@ class LlamaModel : public Model {
   std::vector<RankMemoryShape> memory_shape(const ModelLayout& layout, int num_chunks, int64_t rows,
                                             int64_t seq) const override;
   std::string describe() const override;
+  bool gives_logits() const override { return true; }
   std::string config_json() const override;
   c10::ScalarType param_dtype() const override { return config_.dtype; }
   c10::Device device() const override { return config_.device; }

@@ -172,6 +172,9 @@ class Model {
   // One line for the run's log: "llama: 16 layers, width 2048, 32 heads (8
   // kv), ffn 8192, vocab 128256".
   virtual std::string describe() const { return name(); }
+  // Whether its stages give their logits (StageModule::full_logits): what
+  // Trainer::logits asks on every rank before it runs anything.
+  virtual bool gives_logits() const { return false; }
   // The model's whole shape as a JSON object (text), with "family" (gpt,
   // llama) and the family's config fields under their config names
   // (vocab_size, num_layers, hidden, ...; every default resolved): what a

@@ -481,6 +481,7 @@ bool Engine::hold_or_fail(Op& op, std::exception_ptr error, std::vector<Completi
   if (op.ctx) op.ctx->abandon();
   op.held_error = error;
   op.hold_until = Clock::now() + kProviderErrorHold;
+  hard_failure_ = true;  // a provider error, whatever its cause: teardown must not trust the endpoint
   return false;
 }
 
@@ -587,7 +588,7 @@ void Engine::check_deadlines(Clock::time_point now, std::vector<Completion>& don
           break;
         }
       }
-      if (now < op.deadline) continue;
+      if (now < op.deadline || op.held_error) continue;  // a held op fails with its own error soon
       std::string detail = op.ctx ? "; waiting for " + op.ctx->describe_wait()
                                   : fmt::format("; it had not started, queued behind {}",
                                                 g->queue.front()->work->info().describe());
@@ -599,11 +600,11 @@ void Engine::check_deadlines(Clock::time_point now, std::vector<Completion>& don
   for (size_t i = 0; i < p2p_.size();) {
     Op& op = *p2p_[i];
     bool gone = false;
-    if (op.ctx && now >= op.next_liveness_check) {
+    if (op.ctx && !op.held_error && now >= op.next_liveness_check) {
       op.next_liveness_check = now + kLivenessPeriod;
       gone = check_liveness(op, done);
     }
-    if (!gone && now >= op.deadline) {
+    if (!gone && !op.held_error && now >= op.deadline) {
       timeout(op, op.ctx ? "; waiting for " + op.ctx->describe_wait() : std::string());
       gone = true;
     }

@@ -29,7 +29,14 @@ std::vector<models::GPTPart> GPTModel::parts(const ModelLayout& layout) const {
 
 void GPTModel::validate(const ModelLayout& layout) const {
   with_layout(config_, layout).validate(layout.tp);
-  if (config_.moe_every > 0) config_.moe_config().validate(layout.ep);
+  if (config_.moe_every > 0) {
+    const expert::MoEConfig moe = config_.moe_config();
+    moe.validate(layout.ep);
+    // Checked here, on every rank, because only the stages with an MoE block build one.
+    TORUS_CHECK(!moe.expert_tensor_parallel || layout.tp == 1 || moe.ffn_hidden % layout.tp == 0, InvalidArgument,
+                "GPTModel: expert tensor parallelism splits each expert's width {} over tp={}, which does not divide it",
+                moe.ffn_hidden, layout.tp);
+  }
   TORUS_CHECK(layout.ep == 1 || config_.moe_every > 0, InvalidArgument,
               "GPTModel: ep={} needs MoE blocks (moe_every > 0)", layout.ep);
   (void)parts(layout);

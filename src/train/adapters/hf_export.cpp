@@ -290,6 +290,9 @@ HfExportReport export_hf(const ckpt::Checkpoint& ck, const HfConfig& config, con
   const std::map<std::string, std::string> meta{{"format", "pt"}, {"torus_step", std::to_string(ck.info().step)}};
   const std::string dir = out_dir + "/";
   const std::string index_name = "model.safetensors.index.json";
+  // config.json goes first and comes back last: a directory with one is a
+  // complete export, also when an export over an earlier one fails midway.
+  ::unlink((dir + "config.json").c_str());
   // Weight files of an earlier export in the other form (or another shard
   // count). POSIX calls: Note [No std::filesystem for trees] in file_io.h.
   for (const std::string& n : ckpt::list_dir(out_dir)) {

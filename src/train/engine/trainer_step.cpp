@@ -169,6 +169,8 @@ at::Tensor StageModule::full_logits(const at::Tensor& /*output*/, const comm::Pr
 
 at::Tensor Trainer::logits(const at::Tensor& batch) {
   Impl& m = *impl_;
+  TORUS_CHECK(m.model->gives_logits(), Unsupported, "Trainer::logits: the {} model's stages do not give their logits",
+              m.model->name());
   m.load_batch(batch, "logits");
   std::map<int, at::Tensor> captured;
   m.captured_logits = &captured;

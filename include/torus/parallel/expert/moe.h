@@ -37,8 +37,10 @@
 // summed for the rows this rank owns (a reduce-scatter of variable size).
 // The sharded weights' gradients then cover the tokens of the whole TP
 // group, so they are reduced over expert_dp alone, like any TP shard.
-// Expert memory per rank falls by tp; the price is two more all_to_alls
-// per layer and direction over tp, carrying the tp-fold of each rank's rows.
+// Expert memory per rank falls by tp; the price is, per layer and
+// direction, an all-gather of the per-expert counts (a host sync) and two
+// all_to_alls over tp carrying the tp-fold of each rank's rows (the send
+// buffer of the first holds tp copies of them).
 //
 // Note [Layout-independent routing]: every quantity that depends on more than
 // one token is computed over the whole token group, so that any layout

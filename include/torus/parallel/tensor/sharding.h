@@ -79,14 +79,6 @@ struct InitSpec {
 at::Tensor init_shard(at::IntArrayRef full_shape, const ShardSpec& spec, int64_t padded, const InitSpec& init,
                       int tp_rank, int tp_size, const at::TensorOptions& options);
 
-// Note [Deferred initialisation]: while a DeferredInit::Scope is alive on
-// this thread, init_shard draws nothing: it returns a tensor of the shard's
-// shape whose storage holds no bytes, and records how to draw it. A sharded
-// model (ZeRO-3) is built so, then initialised one unit at a time
-// (materialize() into the unit's buffer), so that no rank ever holds the
-// whole model; the values are those init_shard would have returned
-// (layout-independent init is kept). A tensor under deferral must not be
-// read before it is materialised.
 // While alive on this thread, init_shard and DeferredInit::materialize give
 // normally distributed parameters zeros instead of drawing their
 // layout-independent values (every rank draws every full tensor: the bulk of
@@ -104,6 +96,14 @@ class SkipInitDraws {
   bool previous_;
 };
 
+// Note [Deferred initialisation]: while a DeferredInit::Scope is alive on
+// this thread, init_shard draws nothing: it returns a tensor of the shard's
+// shape whose storage holds no bytes, and records how to draw it. A sharded
+// model (ZeRO-3) is built so, then initialised one unit at a time
+// (materialize() into the unit's buffer), so that no rank ever holds the
+// whole model; the values are those init_shard would have returned
+// (layout-independent init is kept). A tensor under deferral must not be
+// read before it is materialised.
 class DeferredInit {
  public:
   class Scope {
