@@ -1,8 +1,9 @@
-"""Process helpers shared by the Python benchmarks (bench/ckpt/run.py, bench/hf/first_step.py)."""
+"""Process and machine helpers shared by the Python benchmarks (bench/ckpt/run.py, bench/hf/first_step.py)."""
 
 import os
 import signal
 import subprocess
+import time
 
 
 def kill_session(p, grace=15):
@@ -33,3 +34,18 @@ def kill_session(p, grace=15):
     p.kill()
     p.wait()
     return out or "", err or ""
+
+
+def cpu_busy(seconds=2.0):
+    """The fraction of the CPUs that other work kept busy over `seconds` (/proc/stat), None when unknown."""
+    def sample():
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        return v[3] + v[4], sum(v)  # idle + iowait, total
+    try:
+        i0, t0 = sample()
+        time.sleep(seconds)
+        i1, t1 = sample()
+        return 1.0 - (i1 - i0) / max(1, t1 - t0)
+    except (OSError, ValueError, IndexError):
+        return None

@@ -73,7 +73,7 @@ import tempfile
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-from procs import kill_session  # noqa: E402  (bench/procs.py)
+from procs import cpu_busy, kill_session  # noqa: E402  (bench/procs.py)
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 MPI_FLAGS = ["--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "--mca", "btl", "self,vader,tcp",
@@ -102,21 +102,6 @@ def sha256_gbps(nbytes=256 << 20):
         hashlib.sha256(buf).digest()
         times.append(time.perf_counter() - t0)
     return nbytes / min(times) / 1e9
-
-
-def cpu_busy(seconds=2.0):
-    """The fraction of the CPUs that other work kept busy over `seconds` (/proc/stat), None when unknown."""
-    def sample():
-        with open("/proc/stat") as f:
-            v = [int(x) for x in f.readline().split()[1:]]
-        return v[3] + v[4], sum(v)  # idle + iowait, total
-    try:
-        i0, t0 = sample()
-        time.sleep(seconds)
-        i1, t1 = sample()
-        return 1.0 - (i1 - i0) / max(1, t1 - t0)
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def expected_params(a):
