@@ -404,6 +404,20 @@ TEST(HfGpt2, MissingOrMisshapedTensorsNameBothSides) {
 
 // --- export ------------------------------------------------------------------------------
 
+// The trainer's state saved as one checkpoint of a run described by
+// `model_json` and `options_json` under `dir`; its path.
+std::string save_checkpoint(GPTTrainer& trainer, const std::string& dir, std::string model_json,
+                            std::string options_json) {
+  RunDescription run;
+  run.model = std::move(model_json);
+  run.options = std::move(options_json);
+  CheckpointPolicy policy;
+  policy.dir = dir;
+  Checkpointer saver(world(), trainer, policy, run);
+  saver.save(1, "{}");
+  return saver.last_path();
+}
+
 TEST(HfGpt2, ExportThenImportRoundTrip) {
   const std::string dir = job_dir("export");
   for (const bool tie : {true, false}) {
@@ -411,19 +425,13 @@ TEST(HfGpt2, ExportThenImportRoundTrip) {
     g.tie_embeddings = tie;
     GPTTrainer trainer(world(), g, {});
     const Tensors want = trainer.gather_local_parameters();
-    RunDescription run;
-    run.model = fmt::format(R"({{"model": "gpt", "layers": 2, "hidden": 32, "heads": 4, "ffn": 0,
-                               "tie_embeddings": {}}})",
-                            tie);
-    run.options = R"({"model": "gpt", "seq": 16})";
-    CheckpointPolicy policy;
-    policy.dir = dir + (tie ? "/tied" : "/untied");
-    std::string path;
-    {
-      Checkpointer saver(world(), trainer, policy, run);
-      saver.save(1, "{}");
-      path = saver.last_path();
-    }
+    const std::string ck_dir = dir + (tie ? "/tied" : "/untied");
+    const std::string path =
+        save_checkpoint(trainer, ck_dir,
+                        fmt::format(R"({{"model": "gpt", "layers": 2, "hidden": 32, "heads": 4, "ffn": 0,
+                                       "tie_embeddings": {}}})",
+                                    tie),
+                        R"({"model": "gpt", "seq": 16})");
     const auto ck = ckpt::Checkpoint::open(path);
     const HfConfig hf = hf_config_of_checkpoint(ck);
     EXPECT_EQ(hf.family, HfFamily::kGPT2);
@@ -432,7 +440,7 @@ TEST(HfGpt2, ExportThenImportRoundTrip) {
     EXPECT_EQ(hf.gpt.max_seq_len, 16);
     EXPECT_EQ(hf.gpt.vocab_size, 61);
     EXPECT_EQ(hf.gpt.tie_embeddings, tie);
-    const std::string out = policy.dir + "/hf";
+    const std::string out = ck_dir + "/hf";
     export_hf(ck, hf, out);
     const Tensors files = ckpt::read_safetensors(out + "/model.safetensors");
     EXPECT_EQ(files.count("lm_head.weight"), tie ? 0u : 1u);
@@ -475,17 +483,11 @@ TEST(HfGpt2, ShardedExportAndTokenizerFiles) {
   const std::map<std::string, std::string> tok_files = {{"tokenizer.json", R"({"version": "1.0", "model": {}})"},
                                                          {"tokenizer_config.json", R"({"model_max_length": 16})"}};
   for (const auto& [name, text] : tok_files) std::ofstream(tok + "/" + name) << text;
-  RunDescription run;
-  run.model = R"({"model": "gpt", "layers": 2, "hidden": 32, "heads": 4, "ffn": 0, "tie_embeddings": false})";
-  run.options = fmt::format(R"({{"model": "gpt", "seq": 16, "init-from": "{}"}})", tok);
-  CheckpointPolicy policy;
-  policy.dir = dir + "/ck";
-  std::string path;
-  {
-    Checkpointer saver(world(), trainer, policy, run);
-    saver.save(1, "{}");
-    path = saver.last_path();
-  }
+  const std::string ck_dir = dir + "/ck";
+  const std::string path =
+      save_checkpoint(trainer, ck_dir,
+                      R"({"model": "gpt", "layers": 2, "hidden": 32, "heads": 4, "ffn": 0, "tie_embeddings": false})",
+                      fmt::format(R"({{"model": "gpt", "seq": 16, "init-from": "{}"}})", tok));
   const auto ck = ckpt::Checkpoint::open(path);
   const HfConfig hf = hf_config_of_checkpoint(ck);
   const std::string single = dir + "/single", sharded = dir + "/sharded";
@@ -543,7 +545,7 @@ TEST(HfGpt2, ShardedExportAndTokenizerFiles) {
   load_hf_weights(fresh, sharded);
   expect_same(fresh.gather_local_parameters(), want);
   // An explicit tokenizer directory without tokenizer files is refused before anything is written.
-  EXPECT_HAS(error_of([&] { export_hf(ck, hf, dir + "/never", {.tokenizer_dir = policy.dir}); }),
+  EXPECT_HAS(error_of([&] { export_hf(ck, hf, dir + "/never", {.tokenizer_dir = ck_dir}); }),
              "has no tokenizer file");
   EXPECT_FALSE(std::filesystem::exists(dir + "/never"));
 }
