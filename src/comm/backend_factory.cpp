@@ -38,6 +38,16 @@ BackendPtr create_world_backend(const std::string& name, const BackendInit& init
   // in available_host_backends().
   if (name == "neuron") return create_neuron_world_backend(init);
 #endif
+#if TORUS_WITH_NEURON && TORUS_WITH_OFI
+  // The ofi backend on Neuron device memory (Note [Device buffers] in
+  // src/comm/ofi/device_ops.cpp): every op, including those the runtime's
+  // collectives lack (broadcast, all-to-all, send/recv).
+  if (name == "ofi-neuron") {
+    ofi::OfiOptions options = ofi::OfiOptions::from_env();
+    options.memory = DeviceType::kNeuron;
+    return ofi::create_world_backend(init, options);
+  }
+#endif
   throw Unsupported(fmt::format("host backend '{}' is not built into this Torus (built: {})", name,
                                 fmt::join(Context::available_host_backends(), ", ")));
 }

@@ -86,6 +86,7 @@ const std::set<std::string, std::less<>>& known_variables() {
       "TORUS_OFI_SHM_DEPTH", "TORUS_OFI_SHM_EAGER_BYTES", "TORUS_OFI_SHM_NT_BYTES", "TORUS_OFI_SHM_ZERO_COPY_BYTES",
       "TORUS_OFI_INLINE_SPIN_US", "TORUS_OFI_INLINE_MAX_BYTES", "TORUS_OFI_OVERSUBSCRIBED", "TORUS_OFI_RD_MAX_BYTES",
       "TORUS_OFI_TREE_MAX_BYTES", "TORUS_OFI_CHUNK_BYTES", "TORUS_OFI_WINDOW", "TORUS_OFI_REGISTER_LOCAL",
+      "TORUS_OFI_HMEM",
       // shared host memory (docs/comm.md)
       "TORUS_SHARED_HOST_ALLOC", "TORUS_SHARED_HOST_ALLOC_MIN_BYTES", "TORUS_SHARED_HOST_SLAB_BYTES",
       "TORUS_SHARED_HOST_CACHE_BYTES", "TORUS_SHARED_HOST_FORK",
@@ -132,6 +133,11 @@ EnvParams::Ofi ofi_from_env() {
   o.chunk_bytes = env_size("TORUS_OFI_CHUNK_BYTES", 64);
   o.window = env_int32("TORUS_OFI_WINDOW", 1);
   o.register_local = env_bool("TORUS_OFI_REGISTER_LOCAL");
+  if (auto v = env_string("TORUS_OFI_HMEM")) {
+    TORUS_CHECK(*v == "auto" || *v == "off" || *v == "as-host", InvalidArgument,
+                "TORUS_OFI_HMEM='{}' must be auto, off or as-host", *v);
+    o.hmem = *v;
+  }
   return o;
 }
 
@@ -252,6 +258,7 @@ std::vector<std::pair<std::string, std::string>> EnvParams::describe() const {
       {"TORUS_OFI_CHUNK_BYTES", opt(ofi.chunk_bytes)},
       {"TORUS_OFI_WINDOW", opt(ofi.window)},
       {"TORUS_OFI_REGISTER_LOCAL", flag(ofi.register_local)},
+      {"TORUS_OFI_HMEM", ofi.hmem.empty() ? "auto" : ofi.hmem},
       {"TORUS_SHARED_HOST_ALLOC", alloc},
       {"TORUS_SHARED_HOST_ALLOC_MIN_BYTES", opt(shared_host.alloc_min_bytes)},
       {"TORUS_SHARED_HOST_SLAB_BYTES", opt(shared_host.slab_bytes)},

@@ -134,6 +134,8 @@ Stream Device::create_stream(const StreamOptions& options) {
   return Stream(this, index, stream_create(options), true);
 }
 
+NicAddress Device::nic_address(const void* ptr, size_t) { return {const_cast<void*>(ptr), current()}; }
+
 Stream Device::default_stream(int index) { return Stream(this, index, nullptr, false); }
 
 Event Device::create_event(const EventOptions& options) {

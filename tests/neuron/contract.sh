@@ -15,7 +15,7 @@
 # CALLS: nrt_init nrt_close nrt_get_version nrt_get_total_nc_count
 # CALLS: nrt_get_visible_nc_count nrt_tensor_allocate nrt_tensor_free
 # CALLS: nrt_tensor_read nrt_tensor_write nrt_tensor_copy nrt_tensor_get_size
-# CALLS: nrt_tensor_memset nrt_tensor_allocate_slice
+# CALLS: nrt_tensor_memset nrt_tensor_allocate_slice nrt_tensor_get_va
 # CALLS: nrt_load nrt_unload nrt_execute nrt_allocate_tensor_set
 # CALLS: nrt_destroy_tensor_set nrt_add_tensor_to_tensor_set
 # CALLS: nrt_get_model_tensor_info nrt_free_model_tensor_info
@@ -39,11 +39,14 @@ echo "== device (one process)"
 # The runtime reports its own version and core count: only the tests that do
 # not assume the fake's values run.
 "$tests/torus_neuron_device_tests" \
-  --gtest_filter='NeuronDevice.Copies*:NeuronDevice.Fills*:NeuronDevice.Refuses*Allocation:NeuronDevice.DeviceAddresses*:NeuronDevice.CachingAllocator*:NeuronDevice.StreamsAndEvents*'
+  --gtest_filter='NeuronDevice.Copies*:NeuronDevice.Fills*:NeuronDevice.Refuses*Allocation:NeuronDevice.DeviceAddresses*:NeuronDevice.NicAddress*:NeuronDevice.CachingAllocator*:NeuronDevice.StreamsAndEvents*'
 echo "== comm backend (2 and 4 ranks, one NeuronCore each)"
 for np in 2 4; do
   mpirun --allow-run-as-root -np "$np" -x TORUS_NEURON_LIBRARY -x NEURON_RT_ROOT_COMM_ID -x TORUS_LOG_LEVEL \
     -x TORUS_TEST_BACKEND=neuron "$tests/torus_neuron_backend_tests" \
     --gtest_filter='NeuronCollectives*:NeuronBackend.WorksOnSubRanges*:NeuronBackend.BarrierAndSplit'
 done
+echo "== ofi on Neuron memory (2 ranks; point to point registers FI_HMEM_NEURON when the provider grants it)"
+mpirun --allow-run-as-root -np 2 -x TORUS_NEURON_LIBRARY -x TORUS_LOG_LEVEL=info \
+  -x TORUS_TEST_BACKEND=ofi-neuron "$tests/torus_ofi_neuron_tests" --gtest_filter='OfiNeuron*:-OfiNeuronFaults.*'
 echo "contract: all checks passed against $LIB"

@@ -11,6 +11,8 @@
 //                    it fail with NRT_RESOURCE.
 //   VERSION=a.b.c    the version nrt_get_version reports (default 2.99.0).
 //   FAIL_ALLOC_AFTER=n  every device allocation after the first n fails (NRT_RESOURCE).
+//   READ_FAIL_BYTES=n   an nrt_tensor_read of exactly n bytes fails (NRT_HW_ERROR), on
+//                    every rank or, with READ_FAIL_RANK=r, on MPI rank r only.
 //   TRACE=path       appends "pid call" for every call to `path` (one per line),
 //                    so tests can check which runtime calls a test exercises.
 // Built a second time with TORUS_FAKE_NRT_NO_MEMSET (libtorus_fake_nrt_old.so):
@@ -28,6 +30,7 @@
 #include "fake_nrt.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -56,6 +59,9 @@ Config& config() {
     c.cores = static_cast<int>(num("TORUS_TEST_FAKE_NRT_CORES", 4));
     c.core_bytes = static_cast<size_t>(num("TORUS_TEST_FAKE_NRT_CORE_BYTES", 1ll << 30));
     c.fail_alloc_after = num("TORUS_TEST_FAKE_NRT_FAIL_ALLOC_AFTER", -1);
+    c.read_fail_bytes = num("TORUS_TEST_FAKE_NRT_READ_FAIL_BYTES", -1);
+    const long long fail_rank = num("TORUS_TEST_FAKE_NRT_READ_FAIL_RANK", -1);
+    if (fail_rank >= 0 && fail_rank != num("OMPI_COMM_WORLD_RANK", 0)) c.read_fail_bytes = -1;
     if (const char* v = std::getenv("TORUS_TEST_FAKE_NRT_VERSION")) {
       std::sscanf(v, "%llu.%llu.%llu", &c.major, &c.minor, &c.patch);
     }
@@ -138,9 +144,15 @@ bool in_bounds(const nrt_tensor* t, size_t offset, size_t size) {
   return t != nullptr && offset <= t->size && size <= t->size - offset;
 }
 
+// Calls that moved bytes between host and device memory (read, write), for
+// the tests (torus_fake_nrt_host_transfers; not a runtime call).
+std::atomic<unsigned long long> g_host_transfers{0};
+
 }  // namespace
 
 extern "C" {
+
+unsigned long long torus_fake_nrt_host_transfers() { return g_host_transfers.load(); }
 
 NRT_STATUS nrt_get_version(nrt_version_t* v, size_t size) {
   trace("nrt_get_version");
@@ -258,9 +270,19 @@ size_t nrt_tensor_get_size(const nrt_tensor* tensor) {
   return tensor != nullptr ? tensor->size : 0;
 }
 
+// The fake's device memory is host memory: its "device address" is the host
+// address of the bytes (what a real runtime's would be to its NIC driver).
+void* nrt_tensor_get_va(const nrt_tensor* tensor) {
+  trace("nrt_tensor_get_va");
+  if (!initialised() || tensor == nullptr) return nullptr;
+  return const_cast<nrt_tensor*>(tensor)->data();
+}
+
 NRT_STATUS nrt_tensor_read(const nrt_tensor* tensor, void* buf, size_t offset, size_t size) {
   trace("nrt_tensor_read");
+  g_host_transfers.fetch_add(1);
   if (!initialised()) return NRT_UNINITIALIZED;
+  if (static_cast<long long>(size) == config().read_fail_bytes) return torus::device::neuron::NRT_HW_ERROR;
   if (!in_bounds(tensor, offset, size) || (buf == nullptr && size != 0)) return NRT_INVALID;
   std::memcpy(buf, const_cast<nrt_tensor*>(tensor)->data() + offset, size);
   return NRT_SUCCESS;
@@ -268,6 +290,7 @@ NRT_STATUS nrt_tensor_read(const nrt_tensor* tensor, void* buf, size_t offset, s
 
 NRT_STATUS nrt_tensor_write(nrt_tensor* tensor, const void* buf, size_t offset, size_t size) {
   trace("nrt_tensor_write");
+  g_host_transfers.fetch_add(1);
   if (!initialised()) return NRT_UNINITIALIZED;
   if (!in_bounds(tensor, offset, size) || (buf == nullptr && size != 0)) return NRT_INVALID;
   std::memcpy(tensor->data() + offset, buf, size);

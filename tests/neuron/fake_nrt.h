@@ -34,6 +34,7 @@ struct Config {
   int cores = 4;
   size_t core_bytes = size_t{1} << 30;
   long long fail_alloc_after = -1;
+  long long read_fail_bytes = -1;  // nrt_tensor_read of this size fails (READ_FAIL_BYTES)
   unsigned long long major = 2, minor = 99, patch = 0;
   std::string trace;
 };

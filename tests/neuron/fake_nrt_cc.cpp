@@ -119,8 +119,11 @@ struct Cc {
       u += 0x7fffu + ((u >> 16) & 1u);
       return static_cast<uint16_t>(u >> 16);
     }
-    // Values in these tests are small integers: exact in f16.
+    // Values in these tests are small integers (exact in f16), or an
+    // overflow's infinity.
     uint16_t sign = std::signbit(f) ? 0x8000 : 0;
+    if (std::isnan(f)) return 0x7e00;
+    if (std::isinf(f)) return static_cast<uint16_t>(sign | 0x7c00);
     f = std::fabs(f);
     if (f == 0) return sign;
     int e = 0;

@@ -12,28 +12,12 @@
 #include <string>
 
 #include "backend/backend_fixture.h"
+#include "device_buffers.h"
 #include "torus/core/error.h"
 #include "torus/device/device.h"
 
 namespace torus::comm::test {
 namespace {
-
-device::Device& dev() { return device::get_device(DeviceType::kNeuron); }
-
-// A Neuron buffer of n elements, with host staging through Buf.
-struct DevBuf {
-  DevBuf(DType t, size_t n) : dtype(t), count(n), mem(DeviceType::kNeuron, std::max<size_t>(n, 1) * dtype_size(t)) {}
-  void upload(const Buf& b) { dev().copy(mem.data(), b.data(), count * dtype_size(dtype)); }
-  Buf download() const {
-    Buf b(dtype, count);
-    dev().copy(b.data(), mem.data(), count * dtype_size(dtype));
-    return b;
-  }
-  char* at(size_t i) const { return mem.as<char>() + i * dtype_size(dtype); }
-  DType dtype;
-  size_t count;
-  device::DeviceBuffer mem;
-};
 
 const DType kNeuronTypes[] = {DType::kF32, DType::kF16, DType::kBF16, DType::kI32, DType::kI64, DType::kU8};
 const ReduceOp kNeuronOps[] = {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kMin};

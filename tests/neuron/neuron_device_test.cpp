@@ -117,6 +117,25 @@ TEST(NeuronDevice, DeviceAddressesAreNotHostMemory) {
   EXPECT_DEATH({ volatile char c = *p; (void)c; }, "");
 }
 
+// What a network adapter registers (the ofi backend's Neuron buffers): the
+// runtime's address of the allocation plus the offset, on the allocation's
+// core; ranges outside a live allocation and host memory are refused.
+TEST(NeuronDevice, NicAddressesOfAllocations) {
+  neuron().set_current(1);
+  DeviceBuffer a(DeviceType::kNeuron, 4096);
+  char* p = a.as<char>();
+  NicAddress whole = neuron().nic_address(p, 4096);
+  NicAddress part = neuron().nic_address(p + 100, 200);
+  ASSERT_NE(whole.address, nullptr);
+  EXPECT_EQ(static_cast<char*>(part.address) - static_cast<char*>(whole.address), 100);
+  EXPECT_EQ(whole.device, 1);
+  EXPECT_EQ(part.device, 1);
+  EXPECT_THROW(neuron().nic_address(p + 4000, 200), InvalidArgument);  // runs past the allocation
+  std::vector<char> host(64);
+  EXPECT_THROW(neuron().nic_address(host.data(), 64), InvalidArgument);
+  neuron().set_current(0);
+}
+
 TEST(NeuronDevice, CachingAllocatorReusesFreedBlocksAndCounts) {
   neuron::empty_cache();
   neuron::AllocatorStats s0 = neuron::allocator_stats();

@@ -76,6 +76,33 @@ torus_add_mpi_test(NAME neuron_backend_dead_peer_np3 TARGET torus_neuron_backend
                    ENV ${_fake} TORUS_TEST_BACKEND=neuron TORUS_TEST_FAKE_NRT_DEAD_RANK=1
                        TORUS_TEST_FAKE_NRT_DEAD_BYTES=3108 TIMEOUT 120)
 
+# The ofi backend on Neuron device memory ("ofi-neuron", Note [Device
+# buffers] in src/comm/ofi/device_ops.cpp) over the tcp provider on 2 and 3
+# ranks: moved through host memory (tcp offers no FI_HMEM registration of
+# Neuron memory), and on 2 ranks with the fake's device addresses registered
+# as host memory (TORUS_OFI_HMEM=as-host: the zero-copy point-to-point path).
+if(TORUS_WITH_OFI)
+  add_executable(torus_ofi_neuron_tests ${CMAKE_CURRENT_LIST_DIR}/ofi_neuron_test.cpp
+                 ${PROJECT_SOURCE_DIR}/tests/backend/backend_fixture.cpp)
+  target_link_libraries(torus_ofi_neuron_tests PRIVATE torus_test_main torus_base ${CMAKE_DL_LIBS})
+  target_compile_definitions(torus_ofi_neuron_tests PRIVATE TORUS_BACKEND_TESTS_STORE=1)
+  add_dependencies(torus_ofi_neuron_tests torus_fake_nrt)
+  set(_ofi_neuron ${_fake} TORUS_TEST_BACKEND=ofi-neuron FI_PROVIDER=tcp FI_TCP_IFACE=lo)
+  foreach(n 2 3)
+    torus_add_mpi_test(NAME ofi_neuron_np${n} TARGET torus_ofi_neuron_tests NP ${n} LABELS "neuron;backend"
+                       ARGS --gtest_filter=-OfiNeuronFaults.*
+                       ENV ${_ofi_neuron} TORUS_TEST_OFI_ZERO_COPY=0 TIMEOUT 300)
+  endforeach()
+  torus_add_mpi_test(NAME ofi_neuron_zero_copy_np2 TARGET torus_ofi_neuron_tests NP 2 LABELS "neuron;backend"
+                     ARGS --gtest_filter=OfiNeuron.*:-OfiNeuronFaults.*
+                     ENV ${_ofi_neuron} TORUS_OFI_HMEM=as-host TORUS_TEST_OFI_ZERO_COPY=1 TIMEOUT 300)
+  torus_add_mpi_test(NAME ofi_neuron_copy_fault_np3 TARGET torus_ofi_neuron_tests NP 3 LABELS "neuron;backend"
+                     ARGS --gtest_filter=OfiNeuronFaults.*
+                     ENV ${_ofi_neuron} TORUS_TEST_FAKE_NRT_READ_FAIL_BYTES=4004 TORUS_TEST_FAKE_NRT_READ_FAIL_RANK=1
+                         TIMEOUT 120)
+  set(_ofi_neuron_checks torus_ofi_neuron_tests)
+endif()
+
 # The runtime contract (contract.sh): the calls it lists are the ones Torus
 # resolves and the ones the tests exercise; one nrt_init and one nrt_close per
 # process, nrt_close last, every tensor freed before it.
@@ -90,4 +117,4 @@ set_tests_properties(neuron_contract PROPERTIES TIMEOUT 300 LABELS "neuron;multi
 # Everything `ctest -L neuron` needs (scripts/test.sh builds only this in the
 # Neuron configuration).
 add_custom_target(torus_neuron_checks DEPENDS torus_neuron_device_tests torus_neuron_backend_tests torus_fake_nrt
-                                              torus_fake_nrt_no_memset torus_fake_nrt_partial)
+                                              torus_fake_nrt_no_memset torus_fake_nrt_partial ${_ofi_neuron_checks})

@@ -83,6 +83,7 @@ struct EnvParams {
     std::optional<size_t> chunk_bytes;           // TORUS_OFI_CHUNK_BYTES (>= 64)
     std::optional<int> window;                   // TORUS_OFI_WINDOW (>= 1)
     std::optional<bool> register_local;          // TORUS_OFI_REGISTER_LOCAL
+    std::string hmem;                            // TORUS_OFI_HMEM: auto | off | as-host (empty: auto)
   } ofi;
 
   // --- shared host memory (docs/comm.md, "Shared host buffers") ------------------

@@ -60,6 +60,15 @@ struct EventOptions {
 class Device;
 class Event;
 
+// Device memory as a network adapter registers it (libfabric FI_HMEM): the
+// address the device's driver knows it by and the device index. A null
+// address: this memory cannot be registered directly; move it through host
+// memory instead.
+struct NicAddress {
+  void* address = nullptr;
+  int device = 0;
+};
+
 // A queue of work on one device. Owning (created by Device::create_stream,
 // destroyed with this object) or borrowed (wrapping a stream owned
 // elsewhere, e.g. LibTorch's current stream). Movable, not copyable.
@@ -176,6 +185,14 @@ class Device {
   virtual void fill_async(void* dst, int value, size_t bytes, const Stream& stream) = 0;
   // Blocks until all work on the current device has finished.
   virtual void synchronize() = 0;
+
+  // [ptr, ptr + bytes) of this device's memory as a network adapter would
+  // register it (the ofi backend's device buffers, Note [Device buffers] in
+  // src/comm/ofi/ofi_backend.cpp). The default, for devices whose pointers
+  // are the addresses (CPU, CUDA): ptr itself on the current device,
+  // unchecked. Neuron checks that the range lies inside one live allocation
+  // (InvalidArgument otherwise) and answers the runtime's device address.
+  virtual NicAddress nic_address(const void* ptr, size_t bytes);
 
   // A new stream on the current device.
   Stream create_stream(const StreamOptions& options = {});

@@ -14,24 +14,47 @@
 //      the parameters' dtype;
 //   4. that shard is copied to the device and all-gathered over dp into the
 //      full parameter buffer, so every rank ends with the same parameters.
+// Before step 3, the global L2 norm of the mean gradient (times grad_scale)
+// is taken over every element and rank (the sum of squares of each shard,
+// all-reduced over dp); with max_grad_norm > 0 the gradient is scaled by
+// min(1, max_grad_norm / (norm + 1e-6)) as torch.nn.utils.clip_grad_norm_
+// does. A non-finite norm (an fp16 overflow) skips the update on every rank:
+// nothing changes and steps() does not advance.
 // Device memory: one gradient shard and one parameter shard (2 S elements)
 // besides the caller's buffers; host memory: 3 S fp32 (master, exp_avg,
 // exp_avg_sq) and 2 S staging elements. The master weights start from this
 // rank's shard of the device parameters at construction.
 //
+// Parameter groups: disjoint element ranges with their own weight decay and
+// learning-rate scale (biases and norms without decay, as usual); elements
+// outside every group use the options' weight decay and lr.
+//
 // The buffers are padded: numel must be a multiple of D (padded_numel());
 // the padding's gradients should be zero (its parameters then stay as they
-// are). Weight decay applies to every element (one parameter group).
-// Errors: a non-multiple numel, an unsupported dtype, a backend on another
-// device or null buffers throw InvalidArgument at construction; a failing
-// collective throws its CommError/TimeoutError from step() (the master
-// weights are then left as they were when the gradients could not be
-// reduced, and updated when only the final all-gather failed).
+// are).
+//
+// State: save(dir) writes each rank's master weights and moments
+// (host_adam-rank-<r>.safetensors, f32) and, last, host_adam.json naming
+// every file with its SHA-256; load(dir) reads them back on any dp size
+// (each rank takes its shard's elements from the files that hold them),
+// checks sizes and checksums, and rewrites the device parameters from the
+// master weights. Both are collective over dp; a failure on any rank fails
+// all of them with CheckpointError before anything is changed (load) or
+// before the manifest is written (save: an interrupted save leaves no
+// host_adam.json, so it is never taken for a complete one).
+//
+// Errors: a non-multiple numel, an unsupported dtype, overlapping or
+// out-of-range groups, a backend on another device or null buffers throw
+// InvalidArgument at construction; a failing collective throws its
+// CommError/TimeoutError from step() (the master weights are then left as
+// they were when the gradients could not be reduced, and updated when only
+// the final all-gather failed).
 #pragma once
 
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "torus/comm/types.h"
@@ -44,12 +67,30 @@ class Backend;
 
 namespace torus::optim {
 
+// Elements [offset, offset + numel) of the flat buffers, with their own
+// weight decay and a factor on the learning rate.
+struct HostOffloadAdamGroup {
+  size_t offset = 0;
+  size_t numel = 0;
+  double weight_decay = 0.0;
+  double lr_scale = 1.0;
+};
+
 struct HostOffloadAdamOptions {
   // lr, betas, eps, weight decay and decoupled (AdamW) of the kernel's
   // hyper-parameters; step, grad_scale and found_inf are set by each step().
   cpu::AdamHyper adam;
+  std::vector<HostOffloadAdamGroup> groups;  // disjoint; the rest uses `adam`
+  double max_grad_norm = 0.0;  // clip the mean gradient to this global L2 norm; 0: no clipping
   comm::Duration timeout = std::chrono::minutes(10);  // of each collective
   int threads = 0;  // CPU Adam workers (0: all of the pool)
+};
+
+// What one step did.
+struct HostOffloadStep {
+  double grad_norm = 0.0;  // global L2 norm of the mean gradient times grad_scale, before clipping
+  double clip_coef = 1.0;  // the factor clipping applied (1: none)
+  bool skipped = false;    // the norm was not finite: nothing was updated
 };
 
 class HostOffloadAdam {
@@ -66,8 +107,13 @@ class HostOffloadAdam {
   static size_t padded_numel(size_t numel, int dp_size);
 
   // One update (collective over dp). `grad_scale` multiplies the mean
-  // gradient (1 / loss scale, a clipping coefficient, ...).
-  void step(float grad_scale = 1.0f);
+  // gradient (1 / loss scale, ...) before the norm is taken.
+  HostOffloadStep step(float grad_scale = 1.0f);
+
+  // The optimizer state to and from the directory `dir` (created if
+  // missing); collective over dp (see above).
+  void save(const std::string& dir);
+  void load(const std::string& dir);
 
   int64_t steps() const { return steps_; }
   size_t shard_numel() const { return shard_; }
@@ -79,6 +125,15 @@ class HostOffloadAdam {
   void set_lr(double lr) { options_.adam.lr = lr; }
 
  private:
+  // This rank's shard cut at group boundaries: [begin, end) shard-relative.
+  struct Segment {
+    size_t begin = 0, end = 0;
+    double weight_decay = 0.0, lr_scale = 1.0;
+  };
+  double grad_sum_squares(const void* host_grad) const;
+  float all_reduce_scalar(float v, comm::ReduceOp op);
+  void publish_params();  // master -> host_param (rounded) -> device shard -> all_gather into params_
+
   comm::Backend& dp_;
   void* params_;
   void* grads_;
@@ -92,6 +147,8 @@ class HostOffloadAdam {
   std::vector<uint16_t> host_grad16_, host_param16_;  // 16-bit staging (bf16/f16 params)
   std::vector<float> host_grad32_, host_param32_;     // f32 staging
   int64_t steps_ = 0;
+  std::vector<Segment> segments_;
+  void* dev_scalar_ = nullptr;  // one f32/i32 for the norm and the agreements
 };
 
 }  // namespace torus::optim

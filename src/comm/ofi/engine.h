@@ -258,6 +258,15 @@ class OpCtx {
   // does not need one); registers and caches it for the op's lifetime.
   void* desc(const void* buf, size_t bytes);
 
+  // The op's own buffers (not its scratch) are device memory of `kind` on
+  // `device`, passed at the addresses the NIC knows them by: desc()
+  // registers them as such, whether or not the provider asks for local
+  // descriptors of host memory (FI_MR_HMEM wants one for device memory).
+  void set_device_memory(MemoryKind kind, int device) {
+    mem_kind_ = kind;
+    mem_device_ = device;
+  }
+
   // Outstanding requests, for timeout messages: "recv from rank 2 (4096 B)".
   std::string describe_pending() const;
   std::string describe_wait() const;
@@ -294,6 +303,8 @@ class OpCtx {
     MemoryRegion mr;
   };
   std::vector<Registration> regs_;
+  MemoryKind mem_kind_ = MemoryKind::kHost;
+  int mem_device_ = 0;
 };
 
 // One queued or running op. The coroutine that performs it is made when it

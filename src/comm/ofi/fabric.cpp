@@ -24,13 +24,15 @@ constexpr uint32_t kApiVersion = FI_VERSION(1, 14);
 // own registration cache instead of one registration per op here.
 constexpr int kSupportedMrMode = FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
 
-InfoPtr make_hints(const FabricOptions& o, bool rma, bool mr_local) {
+// With `hmem`, FI_HMEM and FI_MR_HMEM too: device buffers are then always
+// given a descriptor (OpCtx::desc), as FI_MR_HMEM asks.
+InfoPtr make_hints(const FabricOptions& o, bool rma, bool mr_local, bool hmem) {
   InfoPtr hints(fi_allocinfo());
   TORUS_CHECK(hints != nullptr, CommError, "fi_allocinfo failed");
-  hints->caps = FI_TAGGED | FI_MSG | (rma ? FI_RMA : 0);
+  hints->caps = FI_TAGGED | FI_MSG | (rma ? FI_RMA : 0) | (hmem ? FI_HMEM : 0);
   hints->mode = FI_CONTEXT | FI_CONTEXT2;
   hints->ep_attr->type = FI_EP_RDM;
-  hints->domain_attr->mr_mode = kSupportedMrMode | (mr_local ? FI_MR_LOCAL : 0);
+  hints->domain_attr->mr_mode = kSupportedMrMode | (mr_local ? FI_MR_LOCAL : 0) | (hmem ? FI_MR_HMEM : 0);
   hints->domain_attr->threading = FI_THREAD_DOMAIN;
   hints->domain_attr->data_progress = FI_PROGRESS_MANUAL;
   hints->domain_attr->control_progress = FI_PROGRESS_UNSPEC;
@@ -68,13 +70,16 @@ std::string mr_mode_string(uint64_t m) {
 Fabric::Fabric(const FabricOptions& options) {
   fi_info* list = nullptr;
   int rc = -FI_ENODATA;
-  for (bool rma : {options.want_rma, false}) {
-    for (bool mr_local : {false, true}) {
-      InfoPtr hints = make_hints(options, rma, mr_local);
-      rc = fi_getinfo(kApiVersion, nullptr, nullptr, 0, hints.get(), &list);
-      if (rc == 0) break;
+  for (bool hmem : {options.want_hmem, false}) {
+    for (bool rma : {options.want_rma, false}) {
+      for (bool mr_local : {false, true}) {
+        InfoPtr hints = make_hints(options, rma, mr_local, hmem);
+        rc = fi_getinfo(kApiVersion, nullptr, nullptr, 0, hints.get(), &list);
+        if (rc == 0) break;
+      }
+      if (rc == 0 || !rma) break;
     }
-    if (rc == 0 || !rma) break;
+    if (rc == 0 || !hmem) break;
   }
   std::string asked = options.provider.empty() ? std::string("(any)") : options.provider;
   TORUS_CHECK_OFI(rc, "no libfabric provider offers RDM endpoints with FI_TAGGED|FI_MSG for provider '{}' "
@@ -95,6 +100,7 @@ Fabric::Fabric(const FabricOptions& options) {
   domain_name_ = info_->domain_attr->name ? info_->domain_attr->name : "?";
   mr_mode_ = static_cast<uint64_t>(info_->domain_attr->mr_mode);
   has_rma_ = (info_->caps & FI_RMA) != 0;
+  has_hmem_ = options.want_hmem && (info_->caps & FI_HMEM) != 0;
   needs_local_mr_ = (mr_mode_ & FI_MR_LOCAL) != 0 || options.register_local;
   max_msg_size_ = info_->ep_attr->max_msg_size ? info_->ep_attr->max_msg_size : SIZE_MAX;
 
@@ -165,9 +171,10 @@ void Fabric::close_endpoint() {
 }
 
 std::string Fabric::describe() const {
-  return fmt::format("provider '{}' fabric '{}' domain '{}' (mr_mode {}, rma {}, max message {}, address {} bytes)",
-                     provider_, fabric_name_, domain_name_, mr_mode_string(mr_mode_), has_rma_ ? "yes" : "no",
-                     max_msg_size_, address_.size());
+  return fmt::format(
+      "provider '{}' fabric '{}' domain '{}' (mr_mode {}, rma {}, hmem {}, max message {}, address {} bytes)",
+      provider_, fabric_name_, domain_name_, mr_mode_string(mr_mode_), has_rma_ ? "yes" : "no",
+      has_hmem_ ? "yes" : "no", max_msg_size_, address_.size());
 }
 
 std::vector<fi_addr_t> Fabric::insert_addresses(const std::vector<std::vector<uint8_t>>& addresses) {

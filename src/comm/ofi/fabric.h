@@ -12,9 +12,9 @@
 //    when FI_MR_LOCAL asks for them (needs_local_mr()), provider or
 //    requested keys (FI_MR_PROV_KEY), virtual or offset RMA addresses
 //    (FI_MR_VIRT_ADDR), binding to the endpoint (FI_MR_ENDPOINT).
-//  * Device buffers: register_memory() takes a MemoryKind so FI_HMEM
-//    (CUDA, Neuron) fits in without an interface change; only host memory
-//    is requested today.
+//  * Device buffers: with FabricOptions::want_hmem the endpoint is asked for
+//    FI_HMEM (and FI_MR_HMEM); register_memory() takes the MemoryKind
+//    (CUDA, Neuron) of the buffer. has_hmem() says whether it was granted.
 //
 // Thread safety: none. The domain is opened with FI_THREAD_DOMAIN and the
 // progress engine serialises every call (Engine's driver lock).
@@ -77,6 +77,7 @@ struct FabricOptions {
   std::vector<std::string> avoid;          // with an empty provider: skip these (e.g. "shm" across hosts)
   bool want_rma = true;                    // ask for FI_RMA; fall back without it
   bool register_local = false;             // register local buffers even if FI_MR_LOCAL is not asked
+  bool want_hmem = false;                  // ask for FI_HMEM (device buffers); fall back without it
 };
 
 // An error completion, with the provider's own explanation.
@@ -103,6 +104,7 @@ class Fabric {
   std::string describe() const;
 
   bool has_rma() const { return has_rma_; }
+  bool has_hmem() const { return has_hmem_; }
   bool needs_local_mr() const { return needs_local_mr_; }
   bool virt_addr_rma() const { return (mr_mode_ & FI_MR_VIRT_ADDR) != 0; }
   uint64_t mr_mode() const { return mr_mode_; }
@@ -164,6 +166,7 @@ class Fabric {
   std::vector<uint8_t> address_;
   uint64_t mr_mode_ = 0;
   bool has_rma_ = false;
+  bool has_hmem_ = false;
   bool needs_local_mr_ = false;
   size_t max_msg_size_ = 0;
   uint64_t next_key_ = 1;

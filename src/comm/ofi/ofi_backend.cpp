@@ -18,6 +18,7 @@
 #include "core/log.h"
 #include "kernels/cpu/reduce.h"
 #include "torus/core/params.h"
+#include "torus/device/device.h"
 
 namespace torus::comm::ofi {
 namespace {
@@ -45,7 +46,8 @@ class OfiBackend final : public Backend {
       if (auto t = weak.lock(); t && t->segment) t->segment->mark_aborted(world_rank, reason);
     };
     world_->engine->add_group(state_);
-    if (inline_spin_.count() > 0 && topo_->segment && topo_->single_host()) {
+    // Device buffers (Note [Device buffers]) always go through the engine.
+    if (inline_spin_.count() > 0 && topo_->segment && topo_->single_host() && world_->device == nullptr) {
       one_round_max_bytes_ = host_inline_max_bytes(&topo_->host);
       inline_max_bytes_ = world_->options.inline_max_bytes;
       inline_ops_ = true;
@@ -63,13 +65,23 @@ class OfiBackend final : public Backend {
   }
 
   std::string_view name() const override { return "ofi"; }
-  DeviceType device_type() const override { return DeviceType::kCPU; }
+  DeviceType device_type() const override {
+    return world_->device != nullptr ? world_->device->type() : DeviceType::kCPU;
+  }
   const GroupInfo& group() const override { return info_; }
   bool supports(OpType, DType, ReduceOp) const override { return true; }
 
   WorkPtr all_reduce(const void* in, void* out, size_t count, DType dt, ReduceOp op, Duration timeout) override {
     check_buffers(in, out, count);
-    check_bytes(count, dt, 1, "all_reduce");
+    const size_t ar_bytes = check_bytes(count, dt, 1, "all_reduce");
+    if (device::Device* d = world_->device) {
+      check_device(in, ar_bytes, "all_reduce", "input");
+      check_device(out, ar_bytes, "all_reduce", "output");
+      return issue(OpType::kAllReduce, dt, {static_cast<int64_t>(count)}, -1, timeout, true, ar_bytes,
+                   [=](OpCtx& c, Topology* t, uint64_t seq) {
+                     return device_all_reduce(c, t, d, in, out, count, dt, op, seq);
+                   });
+    }
     if (count > 0 && count * dtype_size(dt) <= one_round_max_bytes_ && timeout.count() > 0) {
       if (WorkPtr w = inline_all_reduce(in, out, count, dt, op, timeout)) return w;
     }
@@ -81,7 +93,15 @@ class OfiBackend final : public Backend {
 
   WorkPtr reduce_scatter(const void* in, void* out, size_t count, DType dt, ReduceOp op, Duration timeout) override {
     check_buffers(in, out, count);
-    check_bytes(count, dt, static_cast<size_t>(size()), "reduce_scatter");
+    const size_t rs_bytes = check_bytes(count, dt, static_cast<size_t>(size()), "reduce_scatter");
+    if (device::Device* d = world_->device) {
+      check_device(in, rs_bytes, "reduce_scatter", "input");
+      check_device(out, rs_bytes / static_cast<size_t>(size()), "reduce_scatter", "output");
+      return issue(OpType::kReduceScatter, dt, {static_cast<int64_t>(count) * size(), static_cast<int64_t>(count)},
+                   -1, timeout, true, rs_bytes, [=](OpCtx& c, Topology* t, uint64_t seq) {
+                     return device_reduce_scatter(c, t, d, in, out, count, dt, op, seq);
+                   });
+    }
     return issue(OpType::kReduceScatter, dt, {static_cast<int64_t>(count) * size(), static_cast<int64_t>(count)}, -1,
                  timeout, true, count * dtype_size(dt) * static_cast<size_t>(size()),
                  [=](OpCtx& c, Topology* t, uint64_t seq) {
@@ -91,7 +111,15 @@ class OfiBackend final : public Backend {
 
   WorkPtr all_gather(const void* in, void* out, size_t count, DType dt, Duration timeout) override {
     check_buffers(in, out, count);
-    check_bytes(count, dt, static_cast<size_t>(size()), "all_gather");
+    const size_t ag_bytes = check_bytes(count, dt, static_cast<size_t>(size()), "all_gather");
+    if (device::Device* d = world_->device) {
+      check_device(in, ag_bytes / static_cast<size_t>(size()), "all_gather", "input");
+      check_device(out, ag_bytes, "all_gather", "output");
+      return issue(OpType::kAllGather, dt, {static_cast<int64_t>(count), static_cast<int64_t>(count) * size()}, -1,
+                   timeout, true, ag_bytes, [=](OpCtx& c, Topology* t, uint64_t seq) {
+                     return device_all_gather(c, t, d, in, out, count, dt, seq);
+                   });
+    }
     return issue(OpType::kAllGather, dt, {static_cast<int64_t>(count), static_cast<int64_t>(count) * size()}, -1,
                  timeout, true, count * dtype_size(dt) * static_cast<size_t>(size()),
                  [=](OpCtx& c, Topology* t, uint64_t seq) {
@@ -121,6 +149,14 @@ class OfiBackend final : public Backend {
                 "ofi all_to_all on group '{}': in must not alias out", info_.name);
     check_buffers(in, in, sum_s);
     check_buffers(out, out, sum_r);
+    if (device::Device* d = world_->device) {
+      check_device(in, sum_s * dtype_size(dt), "all_to_all", "input");
+      check_device(out, sum_r * dtype_size(dt), "all_to_all", "output");
+      return issue(OpType::kAllToAll, dt, {total_s, total_r}, -1, timeout, true,
+                   std::max(sum_s, sum_r) * dtype_size(dt), [=](OpCtx& c, Topology* t, uint64_t seq) {
+                     return device_all_to_all(c, t, d, in, out, sc, rc, dt, seq);
+                   });
+    }
     return issue(OpType::kAllToAll, dt, {total_s, total_r}, -1, timeout, true,
                  std::max(sum_s, sum_r) * dtype_size(dt), [=](OpCtx& c, Topology* t, uint64_t seq) {
                    return group_all_to_all(c, t, in, out, sc, rc, dt, seq);
@@ -130,7 +166,14 @@ class OfiBackend final : public Backend {
   WorkPtr broadcast(void* buf, size_t count, DType dt, int root, Duration timeout) override {
     check_rank(root, "root");
     check_buffers(buf, buf, count);
-    check_bytes(count, dt, 1, "broadcast");
+    const size_t bc_bytes = check_bytes(count, dt, 1, "broadcast");
+    if (device::Device* d = world_->device) {
+      check_device(buf, bc_bytes, "broadcast", "buffer");
+      return issue(OpType::kBroadcast, dt, {static_cast<int64_t>(count)}, root, timeout, true, bc_bytes,
+                   [=](OpCtx& c, Topology* t, uint64_t seq) {
+                     return device_broadcast(c, t, d, buf, count, dt, root, seq);
+                   });
+    }
     if (count > 0 && count * dtype_size(dt) <= one_round_max_bytes_ && timeout.count() > 0) {
       if (WorkPtr w = inline_broadcast(buf, count, dt, root, timeout)) return w;
     }
@@ -144,7 +187,15 @@ class OfiBackend final : public Backend {
                  Duration timeout) override {
     check_rank(root, "root");
     check_buffers(in, rank() == root ? out : in, count);
-    check_bytes(count, dt, 1, "reduce");
+    const size_t rd_bytes = check_bytes(count, dt, 1, "reduce");
+    if (device::Device* d = world_->device) {
+      check_device(in, rd_bytes, "reduce", "input");
+      if (rank() == root) check_device(out, rd_bytes, "reduce", "output");
+      return issue(OpType::kReduce, dt, {static_cast<int64_t>(count)}, root, timeout, true, rd_bytes,
+                   [=](OpCtx& c, Topology* t, uint64_t seq) {
+                     return device_reduce(c, t, d, in, out, count, dt, op, root, seq);
+                   });
+    }
     return issue(OpType::kReduce, dt, {static_cast<int64_t>(count)}, root, timeout, true, count * dtype_size(dt),
                  [=](OpCtx& c, Topology* t, uint64_t seq) {
                    return group_reduce(c, t, in, out, count, dt, op, root, seq);
@@ -156,6 +207,15 @@ class OfiBackend final : public Backend {
     check_tag(tag);
     check_buffers(buf, buf, count);
     const size_t bytes = check_bytes(count, dt, 1, "send");
+    if (device::Device* d = world_->device) {
+      const device::NicAddress a = check_device(buf, bytes, "send", "buffer");
+      void* nic = world_->device_zero_copy ? a.address : nullptr;
+      const World* w = world_.get();
+      return issue(OpType::kSend, dt, {static_cast<int64_t>(count)}, peer, timeout, false, bytes,
+                   [=](OpCtx& c, Topology* t, uint64_t) {
+                     return device_send(c, t, d, w, buf, nic, a.device, bytes, peer, tag);
+                   });
+    }
     return issue(OpType::kSend, dt, {static_cast<int64_t>(count)}, peer, timeout, false, bytes,
                  [=](OpCtx& c, Topology* t, uint64_t) { return algo::send(c, &t->p2p, peer, buf, bytes, tag); });
   }
@@ -165,6 +225,15 @@ class OfiBackend final : public Backend {
     check_tag(tag);
     check_buffers(buf, buf, count);
     const size_t bytes = check_bytes(count, dt, 1, "recv");
+    if (device::Device* d = world_->device) {
+      const device::NicAddress a = check_device(buf, bytes, "recv", "buffer");
+      void* nic = world_->device_zero_copy ? a.address : nullptr;
+      const World* w = world_.get();
+      return issue(OpType::kRecv, dt, {static_cast<int64_t>(count)}, peer, timeout, false, bytes,
+                   [=](OpCtx& c, Topology* t, uint64_t) {
+                     return device_recv(c, t, d, w, buf, nic, a.device, bytes, peer, tag);
+                   });
+    }
     return issue(OpType::kRecv, dt, {static_cast<int64_t>(count)}, peer, timeout, false, bytes,
                  [=](OpCtx& c, Topology* t, uint64_t) { return algo::recv(c, &t->p2p, peer, buf, bytes, tag); });
   }
@@ -297,6 +366,18 @@ class OfiBackend final : public Backend {
                 InvalidArgument, "ofi {} on group '{}': {} x {} elements of {} overflow a buffer size", op,
                 info_.name, blocks, count, dtype_name(dt));
     return bytes;
+  }
+  // Note [Device buffers]: on a device world every buffer must be `bytes` of
+  // that device's memory (InvalidArgument before anything is sent); returns
+  // where the NIC finds it.
+  device::NicAddress check_device(const void* p, size_t bytes, const char* op, const char* what) const {
+    if (bytes == 0) return {};
+    try {
+      return world_->device->nic_address(p, bytes);
+    } catch (const InvalidArgument& e) {
+      throw InvalidArgument(fmt::format("ofi {} on group '{}': the {} must be {} bytes of {} device memory: {}", op,
+                                        info_.name, what, bytes, device_type_name(world_->device->type()), e.what()));
+    }
   }
   void check_buffers(const void* a, const void* b, size_t count) const {
     TORUS_CHECK(count == 0 || (a != nullptr && b != nullptr), InvalidArgument,
@@ -535,6 +616,60 @@ std::vector<uint8_t> endpoint_record(int32_t pid, int32_t mark_fd, const std::st
   return blob;
 }
 
+namespace {
+
+// Note [Device buffers] (device_ops.cpp): a world whose ops take device
+// memory. Selects this rank's device, then decides once whether point to
+// point hands device buffers to the provider: with TORUS_OFI_HMEM=auto, when
+// the provider granted FI_HMEM and registering a probe buffer of the device
+// succeeds; otherwise every op moves them through host memory.
+void set_up_device_buffers(World& world, Fabric& fabric, const LaunchInfo& launch) {
+  const OfiOptions& o = world.options;
+  const std::string_view type = device_type_name(o.memory);
+  device::Device& dev = device::get_device(o.memory);
+  TORUS_CHECK(dev.count() > 0, Error, "ofi-{} on rank {}: {}", type, launch.rank, dev.describe());
+  device::select_device_for_local_rank(launch.local_rank, launch.local_size);
+  world.device = &dev;
+  const MemoryKind kind = o.memory == DeviceType::kNeuron ? MemoryKind::kNeuron : MemoryKind::kCuda;
+  std::string why;
+  if (o.hmem == OfiOptions::Hmem::kOff) {
+    why = "TORUS_OFI_HMEM=off";
+  } else if (o.hmem == OfiOptions::Hmem::kAsHost) {
+    world.device_zero_copy = true;
+    world.device_kind = MemoryKind::kHost;
+  } else if (!fabric.has_hmem()) {
+    why = fmt::format("provider '{}' offers no FI_HMEM", fabric.provider());
+  } else {
+    device::DeviceBuffer probe(o.memory, 4096);
+    const device::NicAddress a = dev.nic_address(probe.data(), 4096);
+    if (a.address == nullptr) {
+      why = fmt::format("the {} runtime gives no device address for its memory", type);
+    } else {
+      try {
+        MemoryRegion r = fabric.register_memory(a.address, 4096, FI_SEND | FI_RECV, kind, a.device);
+        world.device_zero_copy = true;
+        world.device_kind = kind;
+      } catch (const CommError& e) {
+        why = e.what();
+      }
+    }
+  }
+  const std::string how =
+      world.device_zero_copy
+          ? fmt::format("point to point registers {} memory with the provider ({}); collectives go through host "
+                        "memory",
+                        type, o.hmem == OfiOptions::Hmem::kAsHost ? "as host memory, TORUS_OFI_HMEM=as-host"
+                                                                  : "FI_HMEM")
+          : fmt::format("every op moves it through host memory ({})", why);
+  if (launch.rank == 0) {
+    TORUS_LOG_INFO("ofi: buffers in {} memory: {}", type, how);
+  } else {
+    TORUS_LOG_DEBUG("ofi: buffers in {} memory: {}", type, how);
+  }
+}
+
+}  // namespace
+
 BackendPtr create_world_backend(const BackendInit& init, const OfiOptions& given) {
   TORUS_CHECK(init.launch != nullptr && init.hosts != nullptr && init.store != nullptr, InvalidArgument,
               "ofi backend needs launch info, a host map and a store");
@@ -559,6 +694,7 @@ BackendPtr create_world_backend(const BackendInit& init, const OfiOptions& given
   if (fo.provider.empty() && hosts.num_hosts() <= 1) fo.provider = "shm";
   if (hosts.num_hosts() > 1) fo.avoid.emplace_back("shm");
   fo.register_local = given.register_local;
+  fo.want_hmem = given.memory != DeviceType::kCPU && given.hmem == OfiOptions::Hmem::kAuto;
   auto fabric = std::make_unique<Fabric>(fo);
   if (rank == 0) {
     TORUS_LOG_INFO("ofi: {}; {} ranks on {} hosts; host segment {}; reductions {}", fabric->describe(), size,
@@ -566,6 +702,7 @@ BackendPtr create_world_backend(const BackendInit& init, const OfiOptions& given
   } else {
     TORUS_LOG_DEBUG("ofi: {}", fabric->describe());
   }
+  if (given.memory != DeviceType::kCPU) set_up_device_buffers(*world, *fabric, launch);
 
   // Every world made by this process gets its own key space in the store.
   static std::atomic<int> worlds{0};

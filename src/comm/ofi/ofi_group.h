@@ -28,6 +28,10 @@
 #include "comm/ofi/ofi_options.h"
 #include "torus/comm/store.h"
 
+namespace torus::device {
+class Device;
+}
+
 namespace torus::comm::ofi {
 
 // State shared by every group of one world.
@@ -43,6 +47,12 @@ struct World {
   std::string nonce;            // unique to this world: names its shm objects
   std::chrono::milliseconds timeout{0};
   bool oversubscribed = false;  // this host runs more ranks than it has cores (OfiOptions::oversubscribed)
+  // Note [Device buffers] (device_ops.cpp): the device whose memory the
+  // world's ops take (null: host memory); whether point-to-point hands those
+  // buffers to the provider (zero copy) and registered as what.
+  device::Device* device = nullptr;
+  bool device_zero_copy = false;
+  MemoryKind device_kind = MemoryKind::kHost;
 
   // Note [Recycled contexts]: a split group's tag context (tags.h) goes back
   // to the world once every member destroyed the group cleanly (no failed
@@ -102,5 +112,26 @@ Task group_reduce(OpCtx& c, Topology* t, const void* in, void* out, size_t count
 Task group_all_to_all(OpCtx& c, Topology* t, const void* in, void* out, std::vector<size_t> send_counts,
                       std::vector<size_t> recv_counts, DType dt, uint64_t seq);
 Task group_barrier(OpCtx& c, Topology* t, uint64_t seq);
+
+// Note [Device buffers] (device_ops.cpp): the collectives above on buffers
+// in `dev`'s memory, moved through host scratch (the same arguments).
+Task device_all_reduce(OpCtx& c, Topology* t, device::Device* dev, const void* in, void* out, size_t count,
+                       DType dt, ReduceOp op, uint64_t seq);
+Task device_reduce_scatter(OpCtx& c, Topology* t, device::Device* dev, const void* in, void* out, size_t count,
+                           DType dt, ReduceOp op, uint64_t seq);
+Task device_all_gather(OpCtx& c, Topology* t, device::Device* dev, const void* in, void* out, size_t count,
+                       DType dt, uint64_t seq);
+Task device_broadcast(OpCtx& c, Topology* t, device::Device* dev, void* buf, size_t count, DType dt, int root,
+                      uint64_t seq);
+Task device_reduce(OpCtx& c, Topology* t, device::Device* dev, const void* in, void* out, size_t count, DType dt,
+                   ReduceOp op, int root, uint64_t seq);
+Task device_all_to_all(OpCtx& c, Topology* t, device::Device* dev, const void* in, void* out,
+                       std::vector<size_t> send_counts, std::vector<size_t> recv_counts, DType dt, uint64_t seq);
+// Point to point: `buf` is the device pointer, `nic` its NicAddress when the
+// world hands device buffers to the provider (else null: through scratch).
+Task device_send(OpCtx& c, Topology* t, device::Device* dev, const World* w, const void* buf, void* nic,
+                 int nic_device, size_t bytes, int peer, int tag);
+Task device_recv(OpCtx& c, Topology* t, device::Device* dev, const World* w, void* buf, void* nic, int nic_device,
+                 size_t bytes, int peer, int tag);
 
 }  // namespace torus::comm::ofi

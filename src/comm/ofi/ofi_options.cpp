@@ -26,6 +26,8 @@ OfiOptions OfiOptions::from_params(const EnvParams& params) {
   o.chunk_bytes = e.chunk_bytes.value_or(o.chunk_bytes);
   o.window = e.window.value_or(o.window);
   o.register_local = e.register_local.value_or(o.register_local);
+  if (e.hmem == "off") o.hmem = Hmem::kOff;
+  if (e.hmem == "as-host") o.hmem = Hmem::kAsHost;
   return o;
 }
 

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <string>
 
+#include "torus/core/dtype.h"
 #include "torus/core/params.h"
 
 namespace torus::comm::ofi {
@@ -67,6 +68,20 @@ struct OfiOptions {
   // Register local buffers even when the provider's mr_mode does not ask for
   // it (exercises the FI_MR_LOCAL path on providers that do not need it).
   bool register_local = false;                 // TORUS_OFI_REGISTER_LOCAL
+
+  // The memory of the buffers the world's ops take (Note [Device buffers]
+  // in ofi_backend.cpp): host memory, or the accelerator's for a world made
+  // as "ofi-neuron". Set by the backend's name, not by the environment.
+  DeviceType memory = DeviceType::kCPU;
+  // How the provider reaches device buffers:
+  //   kAuto: registered with FI_HMEM (zero copy) for point-to-point when the
+  //          provider offers FI_HMEM and a probe registration succeeds;
+  //          otherwise moved through host memory;
+  //   kOff: always moved through host memory;
+  //   kAsHost: the device's addresses registered as host memory: only for a
+  //          runtime whose "device" memory is host memory (the tests' fake).
+  enum class Hmem : uint8_t { kAuto, kOff, kAsHost };
+  Hmem hmem = Hmem::kAuto;                     // TORUS_OFI_HMEM: auto | off | as-host
 
   // The defaults above, overridden by the variables that `params` holds.
   static OfiOptions from_params(const EnvParams& params);

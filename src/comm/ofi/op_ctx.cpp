@@ -114,7 +114,8 @@ char* OpCtx::scratch(size_t bytes) {
 
 void* OpCtx::desc(const void* buf, size_t bytes) {
   Fabric& f = engine_.fabric();
-  if (!f.needs_local_mr() || bytes == 0) return nullptr;
+  const bool device = mem_kind_ != MemoryKind::kHost;
+  if ((!f.needs_local_mr() && !device) || bytes == 0) return nullptr;
   const char* p = static_cast<const char*>(buf);
   for (auto& s : scratch_) {
     if (p >= s->data.get() && p + bytes <= s->data.get() + s->bytes) return s->mr.desc();
@@ -122,7 +123,7 @@ void* OpCtx::desc(const void* buf, size_t bytes) {
   for (auto& r : regs_) {
     if (p >= r.base && p + bytes <= r.base + r.bytes) return r.mr.desc();
   }
-  regs_.push_back({p, bytes, f.register_memory(p, bytes, FI_SEND | FI_RECV)});
+  regs_.push_back({p, bytes, f.register_memory(p, bytes, FI_SEND | FI_RECV, mem_kind_, mem_device_)});
   return regs_.back().mr.desc();
 }
 

@@ -18,6 +18,7 @@ if(TORUS_WITH_OFI)
     ${CMAKE_CURRENT_LIST_DIR}/peer_mappings.cpp
     ${CMAKE_CURRENT_LIST_DIR}/stream_copy.cpp
     ${CMAKE_CURRENT_LIST_DIR}/group_ops.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/device_ops.cpp
     ${CMAKE_CURRENT_LIST_DIR}/ofi_options.cpp
     ${CMAKE_CURRENT_LIST_DIR}/ofi_backend.cpp)
   target_link_libraries(torus_base PUBLIC PkgConfig::FABRIC)

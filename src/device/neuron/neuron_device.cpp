@@ -136,6 +136,22 @@ class NeuronDevice final : public Device {
 
   void synchronize() override {}  // Note [Neuron streams]
 
+  // The runtime's own address of the allocation (nrt_tensor_get_va, which
+  // libfabric's FI_HMEM_NEURON registration takes), plus the offset. Null
+  // when the runtime lacks the call or gives no address for the tensor.
+  NicAddress nic_address(const void* ptr, size_t bytes) override {
+    const NrtApi& api = NrtLibrary::require("a Neuron device address").api();
+    NeuronMemory& mem = NeuronMemory::get();
+    TORUS_CHECK(mem.is_device_address(ptr), InvalidArgument, "Neuron: {} is not Neuron device memory", ptr);
+    auto r = mem.resolve(ptr, bytes, "Neuron device address");
+    NicAddress a;
+    a.device = r.core;
+    if (api.nrt_tensor_get_va != nullptr) {
+      if (void* va = api.nrt_tensor_get_va(r.tensor)) a.address = static_cast<char*>(va) + r.offset;
+    }
+    return a;
+  }
+
  protected:
   void* stream_create(const StreamOptions&) override { return &g_stream_tag; }
   void stream_destroy(void*) noexcept override {}

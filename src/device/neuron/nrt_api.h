@@ -143,6 +143,9 @@ struct NrtApi {
   // optional: a view of part of a tensor (binding a sub-range to a program)
   NRT_STATUS (*nrt_tensor_allocate_slice)(const nrt_tensor* source, size_t offset, size_t size, const char* name,
                                           nrt_tensor** slice);
+  // optional: the runtime's device address of a tensor, for registering it
+  // with a network adapter (Device::nic_address; null: not registrable)
+  void* (*nrt_tensor_get_va)(const nrt_tensor* tensor);
   // optional: programs (NEFF); all or none (neff_program.h)
   NRT_STATUS (*nrt_load)(const void* neff, size_t size, int32_t start_nc, int32_t nc_count, nrt_model** model);
   NRT_STATUS (*nrt_unload)(nrt_model* model);

@@ -82,6 +82,7 @@ struct NrtLoader {
     }
     resolve(handle, "nrt_tensor_memset", a.nrt_tensor_memset);
     resolve(handle, "nrt_tensor_allocate_slice", a.nrt_tensor_allocate_slice);
+    resolve(handle, "nrt_tensor_get_va", a.nrt_tensor_get_va);
     // Programs: all of these or none.
     bool programs = resolve(handle, "nrt_load", a.nrt_load);
     programs &= resolve(handle, "nrt_unload", a.nrt_unload);
