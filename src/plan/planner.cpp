@@ -195,6 +195,18 @@ Candidate evaluate(const PlanRequest& req, const ModelFacts& f, const train::Run
     k.ep_bytes = alltoalls * msg * static_cast<double>(f.top_k) * (l.ep - 1) / l.ep / (l.sequence_parallel ? l.tp : 1);
     k.ep_s = k.ep_bytes / el.bw + alltoalls * el.latency;
   }
+  if (c.expert_tp && l.tp > 1 && f.moe_blocks > 0) {
+    // Note [Expert tensor parallelism]: per MoE block and micro-batch, each
+    // direction sends this rank's dispatched rows to the other tp ranks and
+    // their partial outputs back (two uneven all-to-alls over tp), after an
+    // all-gather of the counts: 4 exchanges forward and backward.
+    const Link tl = link_of(hw, req.nodes, 1, l.tp);
+    const double t = l.tp;
+    const double exchanges = static_cast<double>(f.moe_blocks) / l.pp * m * 4.0;
+    const double bytes = exchanges * msg * static_cast<double>(f.top_k) * (t - 1) / (l.sequence_parallel ? t : 1);
+    k.tp_bytes += bytes;
+    k.tp_s += bytes / tl.bw + exchanges * 1.5 * (t - 1) * tl.latency;
+  }
   if (c.offload != "none" && hw.host_link_bw > 0) {
     // Gradient shard down, parameter shard up, the CPU Adam pass over fp32
     // masters and moments (16 bytes a parameter, read and written).
@@ -239,8 +251,8 @@ std::string count_str(double n) {
 
 Json candidate_json(const Candidate& k) {
   const train::RunConfig& c = k.config;
-  return Json{{"layout", k.layout()},
-              {"tp", c.tp}, {"pp", c.pp}, {"dp", c.dp}, {"ep", c.ep}, {"sp", c.sp},
+  return Json{{"layout", k.layout()}, {"args", train::layout_args(c)},
+              {"tp", c.tp}, {"pp", c.pp}, {"dp", c.dp}, {"ep", c.ep}, {"sp", c.sp}, {"expert_tp", c.expert_tp},
               {"schedule", c.schedule}, {"chunks", c.chunks}, {"zero", c.zero}, {"offload", c.offload},
               {"recompute", c.recompute}, {"micro_batches", c.micro_batches},
               {"micro_batch_rows", k.micro_batch_rows}, {"fits", k.fits}, {"why_not", k.why_not},
@@ -265,6 +277,7 @@ std::string Candidate::layout() const {
   std::string s = fmt::format("tp={} pp={} dp={}", c.tp, c.pp, c.dp);
   if (c.ep > 1) s += fmt::format(" ep={}", c.ep);
   if (c.sp) s += " sp";
+  if (c.expert_tp) s += " expert-tp";
   s += fmt::format(" zero={}", c.zero);
   if (c.offload != "none") s += " offload=" + c.offload;
   s += " recompute=" + c.recompute;
@@ -299,17 +312,26 @@ Plan make_plan(const PlanRequest& request) {
   const train::RunConfig& base = request.run;
   const int64_t B = base.batch;
 
+  // The model per recompute policy and, for MoE, with and without expert
+  // tensor parallelism (its parameter shapes differ).
+  const bool moe = base.moe_every > 0;
+  const std::vector<bool> expert_tps = moe ? std::vector<bool>{false, true} : std::vector<bool>{base.expert_tp};
+  auto model_key = [](const std::string& rc, bool etp) { return rc + (etp ? "+expert-tp" : ""); };
   std::map<std::string, ModelFacts> models;
+  std::vector<std::pair<std::string, bool>> model_choices;
   for (const std::string& rc : recomputes) {
-    train::RunConfig c = base;
-    c.recompute = rc;
-    models.emplace(rc, facts_of(c));
+    for (bool etp : expert_tps) {
+      train::RunConfig c = base;
+      c.recompute = rc;
+      c.expert_tp = etp;
+      models.emplace(model_key(rc, etp), facts_of(c));
+      model_choices.emplace_back(rc, etp);
+    }
   }
   const ModelFacts& any = models.begin()->second;
   plan.num_parameters = any.num_parameters;
   plan.flops_per_token = any.flops_per_token;
   const int64_t L = any.layers;
-  const bool moe = base.moe_every > 0;
 
   for (int tp : divisors(hw.devices_per_node)) {  // TP stays inside a node
     if (any.heads > 0 && any.heads % tp != 0) continue;
@@ -330,8 +352,10 @@ Plan make_plan(const PlanRequest& request) {
               std::vector<std::string> offloads = {"none"};
               if (request.allow_offload && hw.host_link_bw > 0 && zero >= 1) offloads.push_back("optimizer");
               for (const std::string& off : offloads) {
-                for (const std::string& rc : recomputes) {
+                for (const auto& [rc, etp] : model_choices) {
+                  if (etp && tp == 1) continue;  // expert TP splits over tp ranks
                   train::RunConfig c = base;
+                  c.expert_tp = etp;
                   c.tp = tp;
                   c.pp = pp;
                   c.dp = static_cast<int>(dp);
@@ -348,7 +372,7 @@ Plan make_plan(const PlanRequest& request) {
                   ++plan.evaluated;
                   try {
                     c.validate();
-                    plan.candidates.push_back(evaluate(request, models.at(rc), c, D));
+                    plan.candidates.push_back(evaluate(request, models.at(model_key(rc, etp)), c, D));
                   } catch (const InvalidArgument&) {
                     ++plan.invalid;
                   }
@@ -501,9 +525,12 @@ Hardware measure_cpu_host(int ranks_per_node, const std::string& precision) {
   hw.host_memory = 0;
   hw.peak_flops_32 = f32 / ranks_per_node;
   hw.peak_flops_16 = f16 / ranks_per_node;
-  hw.description = fmt::format("this host: {} cores, {:.1f} GFLOP/s GEMM (the faster of f32 and {}), {} available, {} "
-                               "ranks", cores, std::max(f16, f32) / 1e9, precision,
-                               train::format_bytes(static_cast<double>(avail)), ranks_per_node);
+  const std::string gemm = precision == "bf16" || precision == "fp16"
+                               ? fmt::format("the faster of f32 and {}", precision)
+                               : std::string("f32");
+  hw.description = fmt::format("this host: {} cores, {:.1f} GFLOP/s GEMM ({}), {} available, {} ranks", cores,
+                               std::max(f16, f32) / 1e9, gemm, train::format_bytes(static_cast<double>(avail)),
+                               ranks_per_node);
   return hw;
 }
 

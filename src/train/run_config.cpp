@@ -13,6 +13,7 @@
 #include <string_view>
 #include <cmath>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <variant>
 
@@ -279,6 +280,36 @@ ParseOutcome parse_run_config(int argc, const char* const* argv, RunConfig& out)
 std::string run_config_help(const std::string& program, const std::string& description) {
   Parser p(RunConfig{}, program, description);
   return p.app.help();
+}
+
+const std::vector<std::string>& layout_option_names() {
+  static const std::vector<std::string> names = [] {
+    static const std::set<std::string> layout = {"tp",     "pp",      "dp",        "ep",   "sp",      "expert-tp",
+                                                 "schedule", "chunks", "zero", "offload", "recompute",
+                                                 "micro-batches"};
+    std::vector<std::string> out;
+    for (const std::string& n : run_option_names()) {
+      if (layout.count(n) != 0) out.push_back(n);
+    }
+    return out;
+  }();
+  return names;
+}
+
+std::vector<std::string> layout_args(const RunConfig& c) {
+  RunConfig copy = c;
+  std::vector<std::string> args;
+  const std::vector<std::string>& names = layout_option_names();
+  for (const auto& e : table(copy)) {
+    if (std::find(names.begin(), names.end(), e.name) == names.end()) continue;
+    if (auto* b = std::get_if<bool*>(&e.dest)) {
+      args.push_back((**b ? "--" : "--no-") + e.name);
+    } else {
+      args.push_back("--" + e.name);
+      args.push_back(value_text(e.dest));
+    }
+  }
+  return args;
 }
 
 std::vector<std::string> run_option_names() {

@@ -453,9 +453,14 @@ def test_check_usage_errors(run, tmp_path):
 # ---------------------------------------------------------------------------------------------------------------
 # --plan
 
+ARGS = ["--tp", "8", "--pp", "2", "--dp", "1", "--ep", "1", "--sp", "--schedule", "1f1b", "--zero", "1",
+        "--recompute", "selective", "--micro-batches", "8"]
+
+
 def plan_json(nodes=2, per_node=8, **best):
     b = {"layout": "tp=8 pp=2 dp=1", "tp": 8, "pp": 2, "dp": 1, "ep": 1, "sp": True, "schedule": "1f1b",
-         "chunks": 1, "zero": 1, "offload": "none", "recompute": "selective", "micro_batches": 8, "fits": True}
+         "chunks": 1, "zero": 1, "offload": "none", "recompute": "selective", "micro_batches": 8, "fits": True,
+         "args": ARGS}
     b.update(best)
     return {"request": {"nodes": nodes, "hardware": {"name": "h100-80gb", "devices_per_node": per_node}},
             "devices": nodes * per_node, "best": b}
@@ -466,8 +471,7 @@ def test_plan_becomes_flags(run, tmp_path):
     p.write_text(json.dumps(plan_json()))
     out, _ = render(run, tmp_path, "slurm-srun", "p5.48xlarge", 2, "--plan", p)
     text = (out / "torus.sbatch").read_text()
-    assert ("torus-train --tp 8 --pp 2 --dp 1 --ep 1 --schedule 1f1b --chunks 1 --zero 1 --offload none "
-            "--recompute selective --micro-batches 8 --sp --model gpt2") in text
+    assert "torus-train " + " ".join(ARGS) + " --model gpt2" in text
 
 
 @pytest.mark.parametrize("case", [
@@ -475,7 +479,8 @@ def test_plan_becomes_flags(run, tmp_path):
     ("another device count per node", plan_json(per_node=32), "planned for 32 devices per node"),
     ("layout of another size", plan_json(dp=2), "tp x pp x dp x ep = 32 devices, but 2 x p5.48xlarge run 16"),
     ("no layout fits", {**plan_json(), "best": None}, 'no "best" layout'),
-    ("bad field", plan_json(sp="yes"), "best.sp must be true or false"),
+    ("bad size", plan_json(tp="8"), "best.tp must be a positive integer"),
+    ("no arguments", plan_json(args=[]), "best.args must be the layout's torus-train arguments"),
 ], ids=lambda c: c[0])
 def test_plan_refused(run, tmp_path, case):
     _, plan, expected = case
@@ -493,6 +498,9 @@ def test_plan_conflicts_with_layout_flags(run, tmp_path):
     rc, _, err = run("render", "--platform", "slurm-srun", "--instance", "p5.48xlarge", "--nodes", 2,
                      "--plan", p, "--", "--tp", "4")
     assert rc == 2 and "already give --tp" in err
+    rc, _, err = run("render", "--platform", "slurm-srun", "--instance", "p5.48xlarge", "--nodes", 2,
+                     "--plan", p, "--", "--no-sp")
+    assert rc == 2 and "already give --no-sp" in err
 
 
 # ---------------------------------------------------------------------------------------------------------------

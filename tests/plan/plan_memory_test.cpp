@@ -70,6 +70,12 @@ TEST(PlanMemory, PredictionWithinTenPercentOfLiveBytes) {
       {"pp2 gpipe f32", {"--pp=2", "--dp=1", "--precision=f32", "--schedule=gpipe", "--micro-batches=4"}},
       {"dp2 zero2 f32", {"--dp=2", "--zero=2", "--precision=f32", "--micro-batches=2"}},
       {"dp2 zero2 bf16 selective", {"--dp=2", "--zero=2", "--precision=bf16", "--recompute=selective", "--micro-batches=2"}},
+      // MoE (Note [MoE activations] in gpt_model.cpp): two of the four blocks
+      // with 4 experts, top-2, dropless, over ep and split over tp.
+      {"ep2 moe bf16", {"--ep=2", "--dp=1", "--moe-every=2", "--experts=4", "--precision=bf16", "--micro-batches=1"}},
+      {"tp2 sp moe expert-tp bf16",
+       {"--tp=2", "--dp=1", "--sp", "--moe-every=2", "--experts=4", "--expert-tp", "--precision=bf16",
+        "--micro-batches=1"}},
       {"tp2 sp f32", {"--tp=2", "--dp=1", "--sp", "--precision=f32", "--micro-batches=2"}, 0.20},
       {"dp2 zero3 fp16 full", {"--dp=2", "--zero=3", "--precision=fp16", "--recompute=full", "--micro-batches=2"}, 0.20},
   };

@@ -79,11 +79,12 @@ def main():
     check(best is not None and best["fits"], "no best layout for gpt2-medium on 16 x A100 80 GB")
     check(len(j["candidates"]) == 3, "--top 3 did not give 3 candidates")
     check(best["tp"] * best["pp"] * best["dp"] * best["ep"] == 16, f"best layout is not 16 devices: {best['layout']}")
-    lay = ["--tp", str(best["tp"]), "--pp", str(best["pp"]), "--dp", str(best["dp"]), "--zero", str(best["zero"]),
-           "--recompute", best["recompute"], "--micro-batches", str(best["micro_batches"]),
-           "--schedule", best["schedule"], "--chunks", str(best["chunks"]), "--offload", best["offload"]]
-    if best["sp"]:
-        lay.append("--sp")
+    # The layout's own arguments (what torus-launch --plan passes on) say what its fields say.
+    lay = best["args"]
+    for key, flag in (("tp", "--tp"), ("pp", "--pp"), ("dp", "--dp"), ("ep", "--ep"), ("zero", "--zero"),
+                      ("micro_batches", "--micro-batches"), ("schedule", "--schedule"), ("recompute", "--recompute")):
+        check(flag in lay and lay[lay.index(flag) + 1] == str(best[key]), f"best.args {lay} disagrees on {key}")
+    check(("--sp" in lay) == best["sp"] and ("--no-sp" in lay) != best["sp"], f"best.args {lay} disagrees on sp")
     r = subprocess.run([plan] + base + lay + ["--evaluate", "--json"], capture_output=True, text=True, timeout=120)
     check(r.returncode == 0, f"torus-plan --evaluate of the best layout failed: {r.stderr}")
     e = json.loads(r.stdout)["candidates"][0]

@@ -181,4 +181,14 @@ std::string run_config_help(const std::string& program, const std::string& descr
 // Option names in table order (for bindings and tests).
 std::vector<std::string> run_option_names();
 
+// The options a layout plan decides (torus-plan, --plan, torus-launch
+// --plan), in table order: tp pp dp ep sp expert-tp schedule chunks zero
+// offload recompute micro-batches.
+const std::vector<std::string>& layout_option_names();
+// `c`'s values of those options as command-line arguments ("--tp", "2", ...,
+// "--sp" or "--no-sp"): parse_run_config of them over any config sets that
+// layout. The one form a plan travels in (JSON "args", the store, the
+// launcher's command line).
+std::vector<std::string> layout_args(const RunConfig& c);
+
 }  // namespace torus::train

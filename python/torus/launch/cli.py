@@ -132,13 +132,14 @@ def cmd_render(parser: argparse.ArgumentParser, a: argparse.Namespace, train_arg
         if missing:
             render_parser.error(f"platform {a.platform} needs {', '.join(missing)}")
     if a.plan:
-        dup = conflicting(train_args)
-        if dup:
-            render_parser.error(f"--plan sets the layout, but the torus-train arguments already give {', '.join(dup)}")
         try:
-            train_args = plan_flags(load_plan(a.plan), a.nodes, instance, a.plan) + train_args
+            flags = plan_flags(load_plan(a.plan), a.nodes, instance, a.plan)
         except PlanError as e:
             render_parser.error(str(e))
+        dup = conflicting(train_args, flags)
+        if dup:
+            render_parser.error(f"--plan sets the layout, but the torus-train arguments already give {', '.join(dup)}")
+        train_args = flags + train_args
     req = Request(platform=platform, instance=instance, nodes=a.nodes, train_args=train_args, name=a.name,
                   namespace=a.namespace, image=a.image, train_bin=a.train_bin, zone=a.zone, cluster=a.cluster,
                   placement_group=a.placement_group, fsx_id=a.fsx_id, fsx_dns_name=a.fsx_dns_name,

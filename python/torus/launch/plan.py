@@ -7,11 +7,8 @@ from typing import Any, List
 
 from .instances import Instance
 
-# (field of "best", torus-train flag): the planner's names and run_config.cpp's options.
-PLAN_FLAGS = (("tp", "--tp"), ("pp", "--pp"), ("dp", "--dp"), ("ep", "--ep"), ("schedule", "--schedule"),
-              ("chunks", "--chunks"), ("zero", "--zero"), ("offload", "--offload"), ("recompute", "--recompute"),
-              ("micro_batches", "--micro-batches"))
-_INTS = ("tp", "pp", "dp", "ep", "chunks", "zero", "micro_batches")
+# The fields that size the job (checked against the nodes rendered).
+_SIZES = ("tp", "pp", "dp", "ep")
 
 
 class PlanError(Exception):
@@ -39,27 +36,26 @@ def plan_flags(plan: Any, nodes: int, instance: Instance, path: str = "plan") ->
     if per_node is not None and per_node != instance.ranks_per_node:
         raise PlanError(f"{path}: planned for {per_node} devices per node ({hardware.get('name')}), but a "
                         f"{instance.name} runs {instance.ranks_per_node} ranks")
-    for k in _INTS:
-        if not isinstance(best.get(k), int) or isinstance(best.get(k), bool) or best[k] < (0 if k == "zero" else 1):
+    for k in _SIZES:
+        if not isinstance(best.get(k), int) or isinstance(best.get(k), bool) or best[k] < 1:
             raise PlanError(f"{path}: best.{k} must be a positive integer, got {best.get(k)!r}")
-    for k in ("schedule", "offload", "recompute"):
-        if not isinstance(best.get(k), str) or not best[k]:
-            raise PlanError(f"{path}: best.{k} must be a string, got {best.get(k)!r}")
-    if not isinstance(best.get("sp"), bool):
-        raise PlanError(f"{path}: best.sp must be true or false, got {best.get('sp')!r}")
+    args = best.get("args")
+    if (not isinstance(args, list) or not args or not all(isinstance(a, str) and a for a in args)
+            or not args[0].startswith("--")):
+        raise PlanError(f"{path}: best.args must be the layout's torus-train arguments, got {args!r}")
     devices = best["tp"] * best["pp"] * best["dp"] * best["ep"]
     world = nodes * instance.ranks_per_node
     if devices != world:
         raise PlanError(f"{path}: tp x pp x dp x ep = {devices} devices, but {nodes} x {instance.name} "
                         f"run {world} ranks")
-    flags: List[str] = []
-    for key, flag in PLAN_FLAGS:
-        flags += [flag, str(best[key])]
-    flags.append("--sp" if best["sp"] else "--no-sp")
-    return flags
+    # torus-plan writes them (train::layout_args): torus-train parses them.
+    return list(args)
 
 
-def conflicting(train_args: List[str]) -> List[str]:
-    """The layout flags a command line already sets (a plan would set them twice)."""
-    names = {f for _, f in PLAN_FLAGS} | {"--sp", "--no-sp"}
-    return [a.split("=", 1)[0] for a in train_args if a.split("=", 1)[0] in names]
+def conflicting(train_args: List[str], plan_args: List[str]) -> List[str]:
+    """The layout flags a command line already sets (the plan's arguments would set them twice)."""
+    def name(a: str) -> str:
+        a = a.split("=", 1)[0]
+        return "--" + a[5:] if a.startswith("--no-") else a
+    names = {name(a) for a in plan_args if a.startswith("--")}
+    return [a.split("=", 1)[0] for a in train_args if a.startswith("--") and name(a) in names]

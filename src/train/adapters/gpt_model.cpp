@@ -108,6 +108,32 @@ double block_activation_16(int64_t s, int64_t b, int64_t h, int64_t a, int t, bo
   return sbh * (10.0 + 24.0 / t + att / t);
 }
 
+// Note [MoE activations]: an MoE block saves, in place of the dense MLP's
+// 19 sbh/t (t = 1 or sequence parallel; else 3 sbh whole — fc1's input and
+// the dropout mask — and 16 sbh/t of fc1's and GeLU's outputs), for each of
+// the k assignments of the tokens this rank routes (all s·b without SP: the
+// TP ranks route the same tokens; s·b/t with it): the expert's input and
+// output (2h bytes each) and fc1's and the activation's outputs (2 f_e
+// each). With --expert-tp a rank runs its f_e/t slice of each expert on the
+// rows of all t tp ranks: fc1's saved input is t times as many rows, its
+// outputs the same bytes. With a capacity factor c < 1 at most c of
+// the assignments are kept (balanced over the ep ranks, each receives its
+// share). Per token: the router's f32 logits, probabilities and their
+// gradient (12 E bytes) and the dropout mask (h bytes).
+double dense_mlp_activation_16(int64_t s, int64_t b, int64_t h, int t, bool sp) {
+  const double sbh = static_cast<double>(s) * b * h;
+  if (t == 1 || sp) return 19.0 * sbh / t;
+  return sbh * (3.0 + 16.0 / t);
+}
+
+double moe_mlp_activation_16(int64_t s, int64_t b, int64_t h, int t, bool sp, const expert::MoEConfig& moe) {
+  const double tokens = static_cast<double>(s) * b / (sp ? t : 1);
+  const double kept = static_cast<double>(moe.top_k) * tokens *
+                      (moe.capacity_factor > 0 ? std::min(1.0, moe.capacity_factor) : 1.0);
+  const double te = moe.expert_tensor_parallel ? t : 1;
+  return kept * (2.0 * h * te + 2.0 * h + 4.0 * moe.ffn_hidden) + tokens * (12.0 * moe.num_experts + h);
+}
+
 }  // namespace
 
 std::vector<RankMemoryShape> GPTModel::memory_shape(const ModelLayout& layout, int num_chunks, int64_t rows,
@@ -132,11 +158,17 @@ std::vector<RankMemoryShape> GPTModel::memory_shape(const ModelLayout& layout, i
   const double full16 = block_activation_16(seq, rows, h, g.num_heads, t, layout.sequence_parallel, true);
   const double selective16 = block_activation_16(seq, rows, h, g.num_heads, t, layout.sequence_parallel, false);
   const double input16 = 2.0 * seq * rows * h / (layout.sequence_parallel ? t : 1);
+  // Note [MoE activations]: an MoE block's MLP in place of the dense one's.
+  const double moe_delta =
+      g.moe_every > 0 ? moe_mlp_activation_16(seq, rows, h, t, layout.sequence_parallel, moe) -
+                            dense_mlp_activation_16(seq, rows, h, t, layout.sequence_parallel)
+                      : 0.0;
   const double logits = 8.0 * seq * rows * static_cast<double>(ceil_div(V, t));  // f32 logits and their gradient
   std::vector<RankMemoryShape> out(pp);
   for (int r = 0; r < pp; ++r) {
     RankMemoryShape& rs = out[r];
     bool recomputes = false;
+    double recomputed_peak = 0;
     for (int c = 0; c < num_chunks; ++c) {
       const models::GPTPart& p = all[static_cast<size_t>(c) * pp + r];
       const int64_t n = p.num_layers < 0 ? g.num_layers - p.first_layer : p.num_layers;
@@ -150,20 +182,23 @@ std::vector<RankMemoryShape> GPTModel::memory_shape(const ModelLayout& layout, i
         if (!g.tie_embeddings || !p.embedding) rs.outside_params += word;
       }
       for (int64_t i = p.first_layer; i < p.first_layer + n; ++i) {
-        const int64_t params = g.is_moe_block(i) ? moe_block : block;
+        const bool is_moe = g.is_moe_block(i);
+        const int64_t params = is_moe ? moe_block : block;
+        const double extra = is_moe ? moe_delta : 0.0;
         rs.block_params += params;
         rs.largest_block = std::max(rs.largest_block, params);
         if (g.recompute.recompute_block(i)) {
           rs.activations_16 += input16;
           recomputes = true;
+          recomputed_peak = std::max(recomputed_peak, full16 + extra);
         } else if (g.recompute.recompute_attention_core()) {
-          rs.activations_16 += selective16;
+          rs.activations_16 += selective16 + extra;
         } else {
-          rs.activations_16 += full16;
+          rs.activations_16 += full16 + extra;
         }
       }
     }
-    if (recomputes) rs.recompute_extra_16 = full16;  // one block recomputed in backward
+    if (recomputes) rs.recompute_extra_16 = recomputed_peak;  // one block recomputed in backward
   }
   return out;
 }

@@ -77,10 +77,7 @@ void apply_plan(const comm::ProcessGroupPtr& world, RunConfig& c) {
       const plan::Candidate* best = p.best();
       TORUS_CHECK(best != nullptr, InvalidArgument, "--plan: no layout fits ({} considered; the smallest: {})",
                   p.evaluated, plan::explain(p.candidates.front(), p));
-      const RunConfig& b = best->config;
-      choice = {{"tp", b.tp}, {"pp", b.pp}, {"dp", b.dp}, {"ep", b.ep}, {"sp", b.sp},
-                {"schedule", b.schedule}, {"chunks", b.chunks}, {"zero", b.zero}, {"offload", b.offload},
-                {"recompute", b.recompute}, {"micro_batches", b.micro_batches}, {"layout", best->layout()}};
+      choice = {{"args", layout_args(best->config)}, {"layout", best->layout()}};
     } catch (const InvalidArgument& e) {
       choice = {{"error", e.what()}};
     }
@@ -91,17 +88,7 @@ void apply_plan(const comm::ProcessGroupPtr& world, RunConfig& c) {
   }
   const Json j = Json::parse(text);
   if (j.contains("error")) throw InvalidArgument(j["error"].get<std::string>());
-  c.tp = j["tp"];
-  c.pp = j["pp"];
-  c.dp = j["dp"];
-  c.ep = j["ep"];
-  c.sp = j["sp"];
-  c.schedule = j["schedule"];
-  c.chunks = j["chunks"];
-  c.zero = j["zero"];
-  c.offload = j["offload"];
-  c.recompute = j["recompute"];
-  c.micro_batches = j["micro_batches"];
+  parse_run_config(j["args"].get<std::vector<std::string>>(), c);
   c.stage_layers.clear();
   c.plan = false;
   c.validate();
@@ -178,7 +165,8 @@ TrainerOptions run_trainer_options(const RunConfig& c) {
 }
 
 int64_t run_micro_batch_rows(const RunConfig& c, const ParallelLayout& l) {
-  const int64_t parts = int64_t{l.dp} * l.num_micro;
+  // The data ranks are dp x ep (Trainer::local_rows): each ep rank reads its own rows.
+  const int64_t parts = int64_t{l.dp} * l.ep * l.num_micro;
   return std::max<int64_t>(1, (c.batch + parts - 1) / parts);
 }
 
