@@ -16,8 +16,6 @@ namespace {
 
 using Shape = std::vector<int64_t>;
 
-bool starts_with(const std::string& s, const std::string& p) { return s.rfind(p, 0) == 0; }
-
 // "blocks.<i>.<rest>" -> i and rest; -1 otherwise.
 int64_t block_of(const std::string& name, std::string* rest) {
   static const std::regex re(R"(blocks\.(\d+)\.(.+))");
