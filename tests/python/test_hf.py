@@ -90,22 +90,27 @@ def test_export_loads_in_transformers_with_the_same_loss(world, tmp_path, model,
         assert hf.config.num_key_value_heads == 2 and not hf.config.tie_word_embeddings
 
 
-def test_sharded_export_with_the_tokenizer_of_the_init_directory(world, tmp_path):
-    # A run started from a Hugging Face directory that has a tokenizer: its
-    # export, in shards of at most 64 kB, loads with from_pretrained (index
-    # and all) to the same logits, and the tokenizer comes along.
+def test_sharded_export_with_the_tokenizer_of_the_init_directory(world, tmp_path, monkeypatch):
+    # A run started from a Hugging Face directory that has a tokenizer, named
+    # by a relative path: its export, from another working directory and in
+    # shards of at most 64 kB, loads with from_pretrained (index and all) to
+    # the same logits, and the tokenizer (chat template included) comes
+    # along. A run resumed from its checkpoint keeps naming that directory.
     from tokenizers import Tokenizer, models as tok_models, pre_tokenizers
 
     hf, d = hf_llama(tmp_path)
     tok = Tokenizer(tok_models.WordLevel({"[UNK]": 0, "hello": 1, "world": 2, "torus": 3}, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]").save_pretrained(str(d))
-    loop = train.TrainLoop(world, train.RunConfig(out=str(tmp_path / "run"), model=str(d), init_from=str(d), steps=2,
-                                                  save_every=2, **COMMON))
+    (d / "chat_template.jinja").write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    monkeypatch.chdir(tmp_path)
+    rel = str(d.relative_to(tmp_path))
+    loop = train.TrainLoop(world, train.RunConfig(out="run", model=rel, init_from=rel, steps=2, save_every=2,
+                                                  **COMMON))
     loop.run()
     out = tmp_path / "hf-out"
     r = subprocess.run([str(BIN / "torus-ckpt"), "export-hf", str(tmp_path / "run" / "checkpoints" / "step-00000002"),
-                        str(out), "--max-shard-size", "64kB"], capture_output=True, text=True, timeout=120)
+                        str(out), "--max-shard-size", "64kB"], capture_output=True, text=True, timeout=120, cwd="/")
     assert r.returncode == 0, r.stderr
     index = json.loads((out / "model.safetensors.index.json").read_text())
     shards = sorted(set(index["weight_map"].values()))
@@ -116,6 +121,16 @@ def test_sharded_export_with_the_tokenizer_of_the_init_directory(world, tmp_path
     assert_same_logits(loop.trainer(), exported, batch(256, 15))
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(out))
     assert tokenizer("hello torus world")["input_ids"] == [1, 3, 2]
+    assert (out / "chat_template.jinja").read_text() == (d / "chat_template.jinja").read_text()
+
+    resumed = train.TrainLoop(world, train.RunConfig(out="run", model=rel, resume="run/checkpoints/step-00000002",
+                                                     steps=4, save_every=2, **COMMON))
+    resumed.run()
+    again = tmp_path / "hf-again"
+    r = subprocess.run([str(BIN / "torus-ckpt"), "export-hf", str(tmp_path / "run" / "checkpoints" / "step-00000004"),
+                        str(again)], capture_output=True, text=True, timeout=120, cwd="/")
+    assert r.returncode == 0, r.stderr
+    assert (again / "tokenizer.json").read_bytes() == (d / "tokenizer.json").read_bytes()
 
 
 def test_bad_export_is_refused(tmp_path):

@@ -135,7 +135,8 @@ struct HfExportOptions {
 // The tokenizer (and generation) files of a Hugging Face directory that
 // exist: tokenizer.json, tokenizer_config.json, special_tokens_map.json,
 // tokenizer.model, vocab.json, merges.txt, added_tokens.json,
-// generation_config.json. Their names.
+// generation_config.json, chat_template.jinja, chat_template.json. Their
+// names.
 std::vector<std::string> hf_tokenizer_files(const std::string& dir);
 
 // What export_hf wrote.

@@ -202,9 +202,10 @@ HfConfig hf_config_of_checkpoint(const ckpt::Checkpoint& ck) {
 }
 
 std::vector<std::string> hf_tokenizer_files(const std::string& dir) {
-  static const char* const kNames[] = {"tokenizer.json",   "tokenizer_config.json", "special_tokens_map.json",
-                                       "tokenizer.model",  "vocab.json",            "merges.txt",
-                                       "added_tokens.json", "generation_config.json"};
+  static const char* const kNames[] = {"tokenizer.json",      "tokenizer_config.json", "special_tokens_map.json",
+                                       "tokenizer.model",     "vocab.json",            "merges.txt",
+                                       "added_tokens.json",   "generation_config.json", "chat_template.jinja",
+                                       "chat_template.json"};
   std::vector<std::string> out;
   for (const char* name : kNames) {
     struct stat st {};

@@ -269,7 +269,11 @@ TrainLoop::TrainLoop(comm::ProcessGroupPtr world, RunConfig config, std::string 
     m.run_desc.model = model.dump();
     m.run_desc.data = data.dump();
     m.run_desc.layout = layout_json(*m.trainer, c.zero, c.precision);
-    m.run_desc.options = c.to_json();
+    // --init-from as an absolute path: an export run elsewhere finds the
+    // tokenizer files there (hf_export.cpp, tokenizer_source).
+    Json options = Json::parse(c.to_json());
+    if (!c.init_from.empty()) options["init-from"] = std::filesystem::absolute(c.init_from).lexically_normal().string();
+    m.run_desc.options = options.dump();
     m.run_desc.data_position = [data = m.data.get()](int64_t step) { return data->position_json(step); };
   }
   if (!c.init_from.empty()) {
@@ -300,6 +304,15 @@ TrainLoop::TrainLoop(comm::ProcessGroupPtr world, RunConfig config, std::string 
                   "--resume {}: the checkpoint was trained on {} ({} {}), this run reads {} ({} {}): other data",
                   ck.path(), saved_data.value("source", "?"), saved_kind, saved_id, data.value("source", "?"),
                   data.value("kind", "?"), data.value("identity", "?"));
+      // The weights came from the saved run's --init-from: its checkpoints
+      // keep naming it (the export's default tokenizer).
+      const Json saved_options = Json::parse(ck.info().options);
+      const std::string origin = saved_options.value("init-from", std::string());
+      if (!origin.empty()) {
+        Json options = Json::parse(m.run_desc.options);
+        options["init-from"] = origin;
+        m.run_desc.options = options.dump();
+      }
       for (const char* key : {"seed", "batch", "seq", "val_fraction"}) {
         if (saved_data.value(key, Json()) != data.value(key, Json()) && m.world->rank() == 0) {
           TORUS_LOG_WARN(
