@@ -41,9 +41,20 @@ constexpr const char* kStateNames[3] = {"master", "exp_avg", "exp_avg_sq"};
 
 std::string rank_file(int rank) { return fmt::format("host_adam-rank-{:05d}.safetensors", rank); }
 
-void make_dir(const std::string& dir) {
-  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
-    throw ckpt::CheckpointError(fmt::format("HostOffloadAdam: cannot create '{}': {}", dir, std::strerror(errno)));
+// mkdir -p (POSIX: Note [No std::filesystem for trees] in checkpoint/file_io.h).
+void make_dirs(const std::string& dir) {
+  for (size_t at = 1; at <= dir.size(); ++at) {
+    if (at != dir.size() && dir[at] != '/') continue;
+    const std::string part = dir.substr(0, at);
+    if (::mkdir(part.c_str(), 0755) != 0 && errno != EEXIST) {
+      throw ckpt::CheckpointError(fmt::format("HostOffloadAdam: cannot create '{}': {}", part, std::strerror(errno)));
+    }
+  }
+}
+
+void remove_file(const std::string& path) {
+  if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
+    throw ckpt::CheckpointError(fmt::format("HostOffloadAdam: cannot remove '{}': {}", path, std::strerror(errno)));
   }
 }
 
@@ -117,19 +128,26 @@ HostOffloadAdam::HostOffloadAdam(comm::Backend& dp, void* params, void* grads, s
     dev.deallocate(dev_param_shard_);
     throw;
   }
-  master_.resize(shard_);
-  exp_avg_.assign(shard_, 0.0f);
-  exp_avg_sq_.assign(shard_, 0.0f);
-  const char* shard_start = static_cast<const char*>(params) + offset_ * elt;
-  if (dtype == DType::kF32) {
-    host_grad32_.resize(shard_);
-    host_param32_.resize(shard_);
-    dev.copy(master_.data(), shard_start, shard_ * elt);
-  } else {
-    host_grad16_.resize(shard_);
-    host_param16_.resize(shard_);
-    dev.copy(host_param16_.data(), shard_start, shard_ * elt);
-    kernels::half_to_f32(host_param16_.data(), master_.data(), shard_, dtype);
+  try {
+    master_.resize(shard_);
+    exp_avg_.assign(shard_, 0.0f);
+    exp_avg_sq_.assign(shard_, 0.0f);
+    const char* shard_start = static_cast<const char*>(params) + offset_ * elt;
+    if (dtype == DType::kF32) {
+      host_grad32_.resize(shard_);
+      host_param32_.resize(shard_);
+      dev.copy(master_.data(), shard_start, shard_ * elt);
+    } else {
+      host_grad16_.resize(shard_);
+      host_param16_.resize(shard_);
+      dev.copy(host_param16_.data(), shard_start, shard_ * elt);
+      kernels::half_to_f32(host_param16_.data(), master_.data(), shard_, dtype);
+    }
+  } catch (...) {
+    dev.deallocate(dev_grad_shard_);
+    dev.deallocate(dev_param_shard_);
+    dev.deallocate(dev_scalar_);
+    throw;
   }
 }
 
@@ -158,19 +176,21 @@ double HostOffloadAdam::grad_sum_squares(const void* host_grad) const {
   return sum;
 }
 
-float HostOffloadAdam::all_reduce_scalar(float v, comm::ReduceOp op) {
+float HostOffloadAdam::sum_over_dp(float v) {
   device::Device& dev = device::get_device(dp_.device_type());
-  const DType t = op == comm::ReduceOp::kMax ? DType::kI32 : DType::kF32;
-  int32_t as_int = static_cast<int32_t>(v);
-  const void* src = t == DType::kI32 ? static_cast<const void*>(&as_int) : static_cast<const void*>(&v);
-  dev.copy(dev_scalar_, src, 4);
-  dp_.all_reduce(dev_scalar_, dev_scalar_, 1, t, op, options_.timeout)->wait();
-  if (t == DType::kI32) {
-    dev.copy(&as_int, dev_scalar_, 4);
-    return static_cast<float>(as_int);
-  }
+  dev.copy(dev_scalar_, &v, 4);
+  dp_.all_reduce(dev_scalar_, dev_scalar_, 1, DType::kF32, comm::ReduceOp::kSum, options_.timeout)->wait();
   dev.copy(&v, dev_scalar_, 4);
   return v;
+}
+
+bool HostOffloadAdam::all_ok(bool ok) {
+  device::Device& dev = device::get_device(dp_.device_type());
+  int32_t failed = ok ? 0 : 1;
+  dev.copy(dev_scalar_, &failed, 4);
+  dp_.all_reduce(dev_scalar_, dev_scalar_, 1, DType::kI32, comm::ReduceOp::kMax, options_.timeout)->wait();
+  dev.copy(&failed, dev_scalar_, 4);
+  return failed == 0;
 }
 
 HostOffloadStep HostOffloadAdam::step(float grad_scale) {
@@ -183,9 +203,11 @@ HostOffloadStep HostOffloadAdam::step(float grad_scale) {
   dev.copy(host_grad, dev_grad_shard_, bytes);
   // The norm of the mean gradient times grad_scale, over every rank.
   const double scale = static_cast<double>(grad_scale) / dp_.size();
-  const float total = all_reduce_scalar(static_cast<float>(grad_sum_squares(host_grad)), comm::ReduceOp::kSum);
+  // The squared norm of this shard of the mean gradient, scaled before it
+  // is narrowed to f32 (the loss-scaled sum would overflow f32 first).
+  const float total = sum_over_dp(static_cast<float>(grad_sum_squares(host_grad) * scale * scale));
   HostOffloadStep out;
-  out.grad_norm = std::sqrt(static_cast<double>(total)) * std::fabs(scale);
+  out.grad_norm = std::sqrt(static_cast<double>(total));
   if (!std::isfinite(out.grad_norm)) {
     out.skipped = true;
     TORUS_LOG_WARN("HostOffloadAdam: the gradient norm is {} at step {}: the update is skipped", out.grad_norm,
@@ -236,7 +258,16 @@ void HostOffloadAdam::publish_params() {
     kernels::f32_to_half(master_.data(), host_param16_.data(), shard_, dtype_);
     host_param = host_param16_.data();
   }
-  dev.copy(dev_param_shard_, host_param, bytes);
+  std::string error;
+  try {
+    dev.copy(dev_param_shard_, host_param, bytes);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  if (!all_ok(error.empty())) {
+    throw ckpt::CheckpointError(fmt::format("HostOffloadAdam: writing the loaded parameters to the device failed{}",
+                                            error.empty() ? " on another rank" : ": " + error));
+  }
   dp_.all_gather(dev_param_shard_, params_, shard_, dtype_, options_.timeout)->wait();
 }
 
@@ -248,29 +279,42 @@ void HostOffloadAdam::publish_params() {
 void HostOffloadAdam::save(const std::string& dir) {
   const int rank = dp_.rank(), size = dp_.size();
   device::Device& dev = device::get_device(dp_.device_type());
-  std::string error, sha;
+  auto fail = [&](const std::string& error, const char* stage) {
+    return ckpt::CheckpointError(
+        error.empty() ? fmt::format("HostOffloadAdam: {} in '{}' failed on another rank of group '{}'", stage, dir,
+                                    dp_.group().name)
+                      : fmt::format("HostOffloadAdam: {} in '{}' failed on rank {}: {}", stage, dir, rank, error));
+  };
+  std::string error;
   try {
-    make_dir(dir);
-    if (rank == 0) ::unlink((dir + "/" + kManifest).c_str());
+    make_dirs(dir);
+    if (rank == 0) remove_file(dir + "/" + kManifest);
   } catch (const std::exception& e) {
     error = e.what();
   }
   // Nobody writes a rank file before the old manifest is gone.
-  const bool ready = all_reduce_scalar(error.empty() ? 0.0f : 1.0f, comm::ReduceOp::kMax) == 0;
-  if (ready) {
+  if (!all_ok(error.empty())) throw fail(error, "removing the old manifest");
+  // This rank's file, and its checksum on the device for the gather.
+  constexpr size_t kSha = 64;
+  device::DeviceBuffer mine, all;
+  try {
+    std::vector<ckpt::TensorEntry> entries;
+    uint64_t at = 0;
+    for (const char* name : kStateNames) {
+      entries.push_back({name, "F32", {static_cast<int64_t>(shard_)}, at, at + shard_ * sizeof(float)});
+      at += shard_ * sizeof(float);
+    }
+    const std::map<std::string, std::string> meta = {{"format", kFormat},
+                                                     {"numel", std::to_string(numel_)},
+                                                     {"offset", std::to_string(offset_)},
+                                                     {"dp_size", std::to_string(size)},
+                                                     {"steps", std::to_string(steps_)},
+                                                     {"dtype", std::string(dtype_name(dtype_))}};
+    const std::string path = dir + "/" + rank_file(rank);
+    const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
+    remove_file(tmp);
+    std::string sha;
     try {
-      std::vector<ckpt::TensorEntry> entries;
-      uint64_t at = 0;
-      for (const char* name : kStateNames) {
-        entries.push_back({name, "F32", {static_cast<int64_t>(shard_)}, at, at + shard_ * sizeof(float)});
-        at += shard_ * sizeof(float);
-      }
-      const std::map<std::string, std::string> meta = {
-          {"format", kFormat},         {"numel", std::to_string(numel_)},   {"offset", std::to_string(offset_)},
-          {"dp_size", std::to_string(size)}, {"steps", std::to_string(steps_)}, {"dtype", std::string(dtype_name(dtype_))}};
-      const std::string path = dir + "/" + rank_file(rank);
-      const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
-      ::unlink(tmp.c_str());
       ckpt::FileWriter w(tmp);
       const std::vector<uint8_t> header = ckpt::encode_header(entries, meta);
       w.write(header.data(), header.size());
@@ -279,60 +323,56 @@ void HostOffloadAdam::save(const std::string& dir) {
       w.write(exp_avg_sq_.data(), shard_ * sizeof(float));
       sha = w.close();
       ckpt::rename_durable(tmp, path);
-    } catch (const std::exception& e) {
-      error = e.what();
+    } catch (...) {
+      ::unlink(tmp.c_str());  // best effort: the partial file is never named by a manifest
+      throw;
     }
+    sha.resize(kSha, ' ');
+    mine = device::DeviceBuffer(dp_.device_type(), kSha);
+    all = device::DeviceBuffer(dp_.device_type(), kSha * static_cast<size_t>(size));
+    dev.copy(mine.data(), sha.data(), kSha);
+  } catch (const std::exception& e) {
+    error = e.what();
   }
-  const bool written = all_reduce_scalar(error.empty() ? 0.0f : 1.0f, comm::ReduceOp::kMax) == 0;
-  if (!written) {
-    throw ckpt::CheckpointError(
-        error.empty() ? fmt::format("HostOffloadAdam: saving to '{}' failed on another rank of group '{}'", dir,
-                                    dp_.group().name)
-                      : fmt::format("HostOffloadAdam: saving to '{}' failed on rank {}: {}", dir, rank, error));
-  }
-  // Every rank's checksum, for the manifest.
-  constexpr size_t kSha = 64;
-  sha.resize(kSha, ' ');
-  device::DeviceBuffer mine(dp_.device_type(), kSha), all(dp_.device_type(), kSha * static_cast<size_t>(size));
-  dev.copy(mine.data(), sha.data(), kSha);
+  if (!all_ok(error.empty())) throw fail(error, "writing the rank files");
   dp_.all_gather(mine.data(), all.data(), kSha, DType::kU8, options_.timeout)->wait();
-  std::string shas(kSha * static_cast<size_t>(size), ' ');
-  dev.copy(shas.data(), all.data(), shas.size());
   if (rank == 0) {
-    json m;
-    m["format"] = kFormat;
-    m["numel"] = numel_;
-    m["dtype"] = std::string(dtype_name(dtype_));
-    m["dp_size"] = size;
-    m["steps"] = steps_;
-    m["files"] = json::array();
-    for (int r = 0; r < size; ++r) {
-      m["files"].push_back({{"name", rank_file(r)},
-                            {"offset", shard_ * static_cast<size_t>(r)},
-                            {"numel", shard_},
-                            {"sha256", shas.substr(kSha * static_cast<size_t>(r), kSha)}});
-    }
     try {
+      std::string shas(kSha * static_cast<size_t>(size), ' ');
+      dev.copy(shas.data(), all.data(), shas.size());
+      json m;
+      m["format"] = kFormat;
+      m["numel"] = numel_;
+      m["dtype"] = std::string(dtype_name(dtype_));
+      m["dp_size"] = size;
+      m["steps"] = steps_;
+      m["files"] = json::array();
+      for (int r = 0; r < size; ++r) {
+        m["files"].push_back({{"name", rank_file(r)},
+                              {"offset", shard_ * static_cast<size_t>(r)},
+                              {"numel", shard_},
+                              {"sha256", shas.substr(kSha * static_cast<size_t>(r), kSha)}});
+      }
       const std::string path = dir + "/" + kManifest;
       const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
-      ::unlink(tmp.c_str());
+      remove_file(tmp);
       ckpt::write_file(tmp, m.dump(1) + "\n");
       ckpt::rename_durable(tmp, path);
     } catch (const std::exception& e) {
       error = e.what();
     }
   }
-  if (all_reduce_scalar(error.empty() ? 0.0f : 1.0f, comm::ReduceOp::kMax) != 0) {
-    throw ckpt::CheckpointError(fmt::format("HostOffloadAdam: writing {} in '{}' failed on rank 0{}", kManifest, dir,
-                                            error.empty() ? "" : ": " + error));
-  }
+  if (!all_ok(error.empty())) throw fail(error, std::string("writing ").append(kManifest).c_str());
 }
 
 void HostOffloadAdam::load(const std::string& dir) {
-  std::vector<float> master(shard_), exp_avg(shard_), exp_avg_sq(shard_);
+  std::vector<float> master, exp_avg, exp_avg_sq;
   int64_t steps = 0;
   std::string error;
   try {
+    master.resize(shard_);
+    exp_avg.resize(shard_);
+    exp_avg_sq.resize(shard_);
     const std::string manifest_path = dir + "/" + kManifest;
     ckpt::MappedFile mf(manifest_path);
     json m;
@@ -344,34 +384,45 @@ void HostOffloadAdam::load(const std::string& dir) {
     auto bad = [&](const std::string& why) {
       return ckpt::CheckpointError(fmt::format("'{}': {}", manifest_path, why));
     };
-    if (!m.is_object() || m.value("format", "") != kFormat) throw bad(fmt::format("not a {} manifest", kFormat));
-    if (!m["numel"].is_number_unsigned() || m["numel"].get<uint64_t>() != numel_) {
-      throw bad(fmt::format("holds {} elements, this optimizer has {}", m["numel"].dump(), numel_));
+    // Every key is looked up with contains()/at() (nothing read from the file
+    // is trusted: a missing key is an error, never undefined behaviour).
+    auto has = [](const json& o, const char* key, bool (json::*is)() const noexcept) {
+      return o.is_object() && o.contains(key) && (o.at(key).*is)();
+    };
+    if (!has(m, "format", &json::is_string) || m.at("format").get<std::string>() != kFormat) {
+      throw bad(fmt::format("not a {} manifest", kFormat));
     }
-    if (m.value("dtype", "") != std::string(dtype_name(dtype_))) {
-      throw bad(fmt::format("was saved for {} parameters, these are {}", m["dtype"].dump(), dtype_name(dtype_)));
+    if (!has(m, "numel", &json::is_number_unsigned) || m.at("numel").get<uint64_t>() != numel_) {
+      throw bad(fmt::format("holds {} elements, this optimizer has {}",
+                            m.contains("numel") ? m.at("numel").dump() : "no", numel_));
     }
-    if (!m["steps"].is_number_integer() || m["steps"].get<int64_t>() < 0) throw bad("steps is not a count");
-    steps = m["steps"].get<int64_t>();
-    if (!m["files"].is_array() || m["files"].empty()) throw bad("names no files");
+    if (!has(m, "dtype", &json::is_string) || m.at("dtype").get<std::string>() != std::string(dtype_name(dtype_))) {
+      throw bad(fmt::format("was saved for {} parameters, these are {}",
+                            m.contains("dtype") ? m.at("dtype").dump() : "unknown", dtype_name(dtype_)));
+    }
+    if (!has(m, "steps", &json::is_number_integer) || m.at("steps").get<int64_t>() < 0) {
+      throw bad("steps is not a count");
+    }
+    steps = m.at("steps").get<int64_t>();
+    if (!has(m, "files", &json::is_array) || m.at("files").empty()) throw bad("names no files");
     // The files must tile [0, numel) in order.
     size_t covered = 0, filled = 0;
-    for (const json& f : m["files"]) {
-      if (!f.is_object() || !f["name"].is_string() || !f["offset"].is_number_unsigned() ||
-          !f["numel"].is_number_unsigned() || !f["sha256"].is_string()) {
+    for (const json& f : m.at("files")) {
+      if (!has(f, "name", &json::is_string) || !has(f, "offset", &json::is_number_unsigned) ||
+          !has(f, "numel", &json::is_number_unsigned) || !has(f, "sha256", &json::is_string)) {
         throw bad("a file entry lacks name, offset, numel or sha256");
       }
-      const std::string name = f["name"].get<std::string>();
+      const std::string name = f.at("name").get<std::string>();
       if (name.empty() || name.find('/') != std::string::npos || name[0] == '.') {
         throw bad(fmt::format("file name '{}' is not a plain name", name));
       }
-      const size_t off = f["offset"].get<size_t>(), n = f["numel"].get<size_t>();
+      const size_t off = f.at("offset").get<size_t>(), n = f.at("numel").get<size_t>();
       if (off != covered || n > numel_ - covered) throw bad("the files do not cover the elements once, in order");
       covered += n;
       const size_t lo = std::max(off, offset_), hi = std::min(off + n, offset_ + shard_);
       if (lo >= hi) continue;  // none of this rank's elements
       const std::string path = dir + "/" + name;
-      const std::string want = f["sha256"].get<std::string>();
+      const std::string want = f.at("sha256").get<std::string>();
       const std::string got = ckpt::sha256_file(path);
       if (got != want) throw bad(fmt::format("'{}' has SHA-256 {}, the manifest says {}", path, got, want));
       ckpt::MappedFile file(path);
@@ -387,12 +438,14 @@ void HostOffloadAdam::load(const std::string& dir) {
       }
       filled += hi - lo;
     }
-    if (covered != numel_ || filled != shard_) throw bad(fmt::format("the files cover {} of {} elements", covered, numel_));
+    if (covered != numel_ || filled != shard_) {
+      throw bad(fmt::format("the files cover {} of {} elements", covered, numel_));
+    }
   } catch (const std::exception& e) {
     error = e.what();
   }
   // Nothing changes unless every rank could read its part.
-  if (all_reduce_scalar(error.empty() ? 0.0f : 1.0f, comm::ReduceOp::kMax) != 0) {
+  if (!all_ok(error.empty())) {
     throw ckpt::CheckpointError(
         error.empty() ? fmt::format("HostOffloadAdam: loading '{}' failed on another rank of group '{}'", dir,
                                     dp_.group().name)

@@ -192,7 +192,9 @@ Candidate evaluate(const PlanRequest& req, const ModelFacts& f, const train::Run
     const Link el = link_of(hw, req.nodes, l.tp, l.ep);
     const double moe_per_rank = static_cast<double>(f.moe_blocks) / l.pp;
     const double alltoalls = moe_per_rank * m * 4.0;
-    k.ep_bytes = alltoalls * msg * static_cast<double>(f.top_k) * (l.ep - 1) / l.ep / (l.sequence_parallel ? l.tp : 1);
+    // Each tp rank routes s b / t tokens (the MoE layer splits them over tp
+    // when the sequence is not split already).
+    k.ep_bytes = alltoalls * msg * static_cast<double>(f.top_k) * (l.ep - 1) / l.ep / l.tp;
     k.ep_s = k.ep_bytes / el.bw + alltoalls * el.latency;
   }
   if (c.expert_tp && l.tp > 1 && f.moe_blocks > 0) {
@@ -203,7 +205,7 @@ Candidate evaluate(const PlanRequest& req, const ModelFacts& f, const train::Run
     const Link tl = link_of(hw, req.nodes, 1, l.tp);
     const double t = l.tp;
     const double exchanges = static_cast<double>(f.moe_blocks) / l.pp * m * 4.0;
-    const double bytes = exchanges * msg * static_cast<double>(f.top_k) * (t - 1) / (l.sequence_parallel ? t : 1);
+    const double bytes = exchanges * msg * static_cast<double>(f.top_k) * (t - 1) / t;
     k.tp_bytes += bytes;
     k.tp_s += bytes / tl.bw + exchanges * 1.5 * (t - 1) * tl.latency;
   }

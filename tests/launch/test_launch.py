@@ -481,6 +481,8 @@ def test_plan_becomes_flags(run, tmp_path):
     ("no layout fits", {**plan_json(), "best": None}, 'no "best" layout'),
     ("bad size", plan_json(tp="8"), "best.tp must be a positive integer"),
     ("no arguments", plan_json(args=[]), "best.args must be the layout's torus-train arguments"),
+    ("arguments of another layout", plan_json(args=["--tp", "4", "--pp", "2", "--dp", "1", "--ep", "1"]),
+     "do not say --tp 8 as best.tp does"),
 ], ids=lambda c: c[0])
 def test_plan_refused(run, tmp_path, case):
     _, plan, expected = case
@@ -499,8 +501,8 @@ def test_plan_conflicts_with_layout_flags(run, tmp_path):
                      "--plan", p, "--", "--tp", "4")
     assert rc == 2 and "already give --tp" in err
     rc, _, err = run("render", "--platform", "slurm-srun", "--instance", "p5.48xlarge", "--nodes", 2,
-                     "--plan", p, "--", "--no-sp")
-    assert rc == 2 and "already give --no-sp" in err
+                     "--plan", p, "--", "--no_sp")
+    assert rc == 2 and "already give --no_sp" in err
 
 
 # ---------------------------------------------------------------------------------------------------------------

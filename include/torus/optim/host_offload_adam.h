@@ -35,8 +35,9 @@
 //
 // State: save(dir) writes each rank's master weights and moments
 // (host_adam-rank-<r>.safetensors, f32) and, last, host_adam.json naming
-// every file with its SHA-256; load(dir) reads them back on any dp size
-// (each rank takes its shard's elements from the files that hold them),
+// every file with its SHA-256; load(dir) reads them back on any dp size for
+// which the (padded) element count is the same (each rank takes its shard's
+// elements from the files that hold them),
 // checks sizes and checksums, and rewrites the device parameters from the
 // master weights. Both are collective over dp; a failure on any rank fails
 // all of them with CheckpointError before anything is changed (load) or
@@ -131,7 +132,8 @@ class HostOffloadAdam {
     double weight_decay = 0.0, lr_scale = 1.0;
   };
   double grad_sum_squares(const void* host_grad) const;
-  float all_reduce_scalar(float v, comm::ReduceOp op);
+  float sum_over_dp(float v);  // an f32 sum over dp
+  bool all_ok(bool ok);         // whether every rank of dp says ok (an i32 max over dp)
   void publish_params();  // master -> host_param (rounded) -> device shard -> all_gather into params_
 
   comm::Backend& dp_;

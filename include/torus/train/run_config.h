@@ -182,8 +182,8 @@ std::string run_config_help(const std::string& program, const std::string& descr
 std::vector<std::string> run_option_names();
 
 // The options a layout plan decides (torus-plan, --plan, torus-launch
-// --plan), in table order: tp pp dp ep sp expert-tp schedule chunks zero
-// offload recompute micro-batches.
+// --plan): tp, pp, dp, ep, sp, expert-tp, schedule, chunks, zero, offload,
+// recompute and micro-batches, listed in the option table's order.
 const std::vector<std::string>& layout_option_names();
 // `c`'s values of those options as command-line arguments ("--tp", "2", ...,
 // "--sp" or "--no-sp"): parse_run_config of them over any config sets that

@@ -39,15 +39,20 @@ def plan_flags(plan: Any, nodes: int, instance: Instance, path: str = "plan") ->
     for k in _SIZES:
         if not isinstance(best.get(k), int) or isinstance(best.get(k), bool) or best[k] < 1:
             raise PlanError(f"{path}: best.{k} must be a positive integer, got {best.get(k)!r}")
-    args = best.get("args")
-    if (not isinstance(args, list) or not args or not all(isinstance(a, str) and a for a in args)
-            or not args[0].startswith("--")):
-        raise PlanError(f"{path}: best.args must be the layout's torus-train arguments, got {args!r}")
     devices = best["tp"] * best["pp"] * best["dp"] * best["ep"]
     world = nodes * instance.ranks_per_node
     if devices != world:
         raise PlanError(f"{path}: tp x pp x dp x ep = {devices} devices, but {nodes} x {instance.name} "
                         f"run {world} ranks")
+    args = best.get("args")
+    if (not isinstance(args, list) or not args or not all(isinstance(a, str) and a for a in args)
+            or not args[0].startswith("--")):
+        raise PlanError(f"{path}: best.args must be the layout's torus-train arguments, got {args!r} "
+                        "(a plan from an older torus-plan has none: run torus-plan --json again)")
+    for k in _SIZES:
+        flag = "--" + k
+        if flag not in args or args.index(flag) + 1 >= len(args) or args[args.index(flag) + 1] != str(best[k]):
+            raise PlanError(f"{path}: best.args {args} do not say {flag} {best[k]} as best.{k} does")
     # torus-plan writes them (train::layout_args): torus-train parses them.
     return list(args)
 
@@ -55,7 +60,8 @@ def plan_flags(plan: Any, nodes: int, instance: Instance, path: str = "plan") ->
 def conflicting(train_args: List[str], plan_args: List[str]) -> List[str]:
     """The layout flags a command line already sets (the plan's arguments would set them twice)."""
     def name(a: str) -> str:
-        a = a.split("=", 1)[0]
+        # torus-train reads --micro_batches as --micro-batches and --no_sp as --no-sp.
+        a = a.split("=", 1)[0].replace("_", "-")
         return "--" + a[5:] if a.startswith("--no-") else a
     names = {name(a) for a in plan_args if a.startswith("--")}
     return [a.split("=", 1)[0] for a in train_args if a.startswith("--") and name(a) in names]

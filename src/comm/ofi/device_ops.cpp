@@ -18,7 +18,14 @@
 // The copies run in the engine's thread, inside the op: a copy of a large
 // buffer holds up the progress of the world's other ops meanwhile (the
 // Neuron runtime's tensor copies are synchronous, so there is nothing to
-// overlap with here anyway).
+// overlap with here anyway). Staging buffers above 16 MiB are freed when
+// their op ends (OpCtx::staging), not kept in the engine's pool.
+//
+// Registration: each zero-copy send or recv registers its device range for
+// the op's life (no registration cache yet), and the device number given
+// to libfabric is the runtime's NeuronCore index (Device::nic_address):
+// whether efa's FI_HMEM_NEURON wants the core or the chip's device number
+// is for a trn1/trn2 host to show.
 #include "comm/ofi/ofi_group.h"
 #include "core/log.h"
 #include "torus/core/error.h"
@@ -45,7 +52,7 @@ constexpr const char* kOut = "of its result to device memory";
 Task device_all_reduce(OpCtx& c, Topology* t, device::Device* dev, const void* in, void* out, size_t count,
                        DType dt, ReduceOp op, uint64_t seq) {
   const size_t bytes = count * dtype_size(dt);
-  char* h = c.scratch(bytes);
+  char* h = c.staging(bytes);
   device_copy(c, dev, h, in, bytes, kIn);
   co_await group_all_reduce(c, t, h, h, count, dt, op, seq);
   device_copy(c, dev, out, h, bytes, kOut);
@@ -54,8 +61,8 @@ Task device_all_reduce(OpCtx& c, Topology* t, device::Device* dev, const void* i
 Task device_reduce_scatter(OpCtx& c, Topology* t, device::Device* dev, const void* in, void* out, size_t count,
                            DType dt, ReduceOp op, uint64_t seq) {
   const size_t bytes = count * dtype_size(dt);
-  char* hin = c.scratch(bytes * static_cast<size_t>(t->size));
-  char* hout = c.scratch(bytes);
+  char* hin = c.staging(bytes * static_cast<size_t>(t->size));
+  char* hout = c.staging(bytes);
   device_copy(c, dev, hin, in, bytes * static_cast<size_t>(t->size), kIn);
   co_await group_reduce_scatter(c, t, hin, hout, count, dt, op, seq);
   device_copy(c, dev, out, hout, bytes, kOut);
@@ -64,7 +71,7 @@ Task device_reduce_scatter(OpCtx& c, Topology* t, device::Device* dev, const voi
 Task device_all_gather(OpCtx& c, Topology* t, device::Device* dev, const void* in, void* out, size_t count,
                        DType dt, uint64_t seq) {
   const size_t bytes = count * dtype_size(dt);
-  char* hout = c.scratch(bytes * static_cast<size_t>(t->size));
+  char* hout = c.staging(bytes * static_cast<size_t>(t->size));
   char* hin = hout + bytes * static_cast<size_t>(t->rank);  // in place: the contract's in == out + rank * count
   device_copy(c, dev, hin, in, bytes, kIn);
   co_await group_all_gather(c, t, hin, hout, count, dt, seq);
@@ -74,7 +81,7 @@ Task device_all_gather(OpCtx& c, Topology* t, device::Device* dev, const void* i
 Task device_broadcast(OpCtx& c, Topology* t, device::Device* dev, void* buf, size_t count, DType dt, int root,
                       uint64_t seq) {
   const size_t bytes = count * dtype_size(dt);
-  char* h = c.scratch(bytes);
+  char* h = c.staging(bytes);
   if (t->rank == root) device_copy(c, dev, h, buf, bytes, kIn);
   co_await group_broadcast(c, t, h, count, dt, root, seq);
   if (t->rank != root) device_copy(c, dev, buf, h, bytes, kOut);
@@ -83,8 +90,8 @@ Task device_broadcast(OpCtx& c, Topology* t, device::Device* dev, void* buf, siz
 Task device_reduce(OpCtx& c, Topology* t, device::Device* dev, const void* in, void* out, size_t count, DType dt,
                    ReduceOp op, int root, uint64_t seq) {
   const size_t bytes = count * dtype_size(dt);
-  char* hin = c.scratch(bytes);
-  char* hout = t->rank == root ? c.scratch(bytes) : hin;
+  char* hin = c.staging(bytes);
+  char* hout = t->rank == root ? c.staging(bytes) : hin;
   device_copy(c, dev, hin, in, bytes, kIn);
   co_await group_reduce(c, t, hin, hout, count, dt, op, root, seq);
   if (t->rank == root) device_copy(c, dev, out, hout, bytes, kOut);
@@ -96,33 +103,33 @@ Task device_all_to_all(OpCtx& c, Topology* t, device::Device* dev, const void* i
   for (size_t n : send_counts) sent += n;
   for (size_t n : recv_counts) received += n;
   const size_t es = dtype_size(dt);
-  char* hin = c.scratch(sent * es);
-  char* hout = c.scratch(received * es);
+  char* hin = c.staging(sent * es);
+  char* hout = c.staging(received * es);
   device_copy(c, dev, hin, in, sent * es, kIn);
   co_await group_all_to_all(c, t, hin, hout, std::move(send_counts), std::move(recv_counts), dt, seq);
   device_copy(c, dev, out, hout, received * es, kOut);
 }
 
-Task device_send(OpCtx& c, Topology* t, device::Device* dev, const World* w, const void* buf, void* nic,
+Task device_send(OpCtx& c, Topology* t, device::Device* dev, MemoryKind kind, const void* buf, void* nic,
                  int nic_device, size_t bytes, int peer, int tag) {
   if (nic != nullptr) {
-    c.set_device_memory(w->device_kind, nic_device);
+    c.set_device_memory(kind, nic_device);
     co_await algo::send(c, &t->p2p, peer, nic, bytes, static_cast<uint64_t>(tag));
     co_return;
   }
-  char* h = c.scratch(bytes);
+  char* h = c.staging(bytes);
   device_copy(c, dev, h, buf, bytes, kIn);
   co_await algo::send(c, &t->p2p, peer, h, bytes, static_cast<uint64_t>(tag));
 }
 
-Task device_recv(OpCtx& c, Topology* t, device::Device* dev, const World* w, void* buf, void* nic, int nic_device,
-                 size_t bytes, int peer, int tag) {
+Task device_recv(OpCtx& c, Topology* t, device::Device* dev, MemoryKind kind, void* buf, void* nic,
+                 int nic_device, size_t bytes, int peer, int tag) {
   if (nic != nullptr) {
-    c.set_device_memory(w->device_kind, nic_device);
+    c.set_device_memory(kind, nic_device);
     co_await algo::recv(c, &t->p2p, peer, nic, bytes, static_cast<uint64_t>(tag));
     co_return;
   }
-  char* h = c.scratch(bytes);
+  char* h = c.staging(bytes);
   co_await algo::recv(c, &t->p2p, peer, h, bytes, static_cast<uint64_t>(tag));
   device_copy(c, dev, buf, h, bytes, kOut);
 }

@@ -202,6 +202,7 @@ struct Scratch {
   std::unique_ptr<char, Free> data;
   size_t bytes = 0;
   MemoryRegion mr;  // destroyed before the memory it covers
+  bool pooled = true;  // false: freed when its op ends instead of kept for reuse
 };
 
 
@@ -253,6 +254,10 @@ class OpCtx {
 
   // A scratch buffer of at least `bytes`, 64-byte aligned, until the op ends.
   char* scratch(size_t bytes);
+  // The same for staging a device buffer (Note [Device buffers]): above
+  // kMaxPooledStagingBytes it is freed when the op ends instead of going to
+  // the pool, which would keep the largest buffers of the world's life.
+  char* staging(size_t bytes);
 
   // The local descriptor for [buf, buf+bytes) (nullptr when the provider
   // does not need one); registers and caches it for the op's lifetime.

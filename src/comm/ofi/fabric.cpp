@@ -65,22 +65,26 @@ std::string mr_mode_string(uint64_t m) {
   return bits.empty() ? "none" : fmt::format("{}", fmt::join(bits, "|"));
 }
 
+// fi_getinfo with the hints of `o` (with or without FI_HMEM), dropping
+// FI_RMA and then accepting FI_MR_LOCAL when nothing matches without.
+int get_info(const FabricOptions& o, bool hmem, fi_info** list) {
+  int rc = -FI_ENODATA;
+  for (bool rma : {o.want_rma, false}) {
+    for (bool mr_local : {false, true}) {
+      InfoPtr hints = make_hints(o, rma, mr_local, hmem);
+      rc = fi_getinfo(kApiVersion, nullptr, nullptr, 0, hints.get(), list);
+      if (rc == 0) return 0;
+    }
+    if (!rma) break;
+  }
+  return rc;
+}
+
 }  // namespace
 
 Fabric::Fabric(const FabricOptions& options) {
   fi_info* list = nullptr;
-  int rc = -FI_ENODATA;
-  for (bool hmem : {options.want_hmem, false}) {
-    for (bool rma : {options.want_rma, false}) {
-      for (bool mr_local : {false, true}) {
-        InfoPtr hints = make_hints(options, rma, mr_local, hmem);
-        rc = fi_getinfo(kApiVersion, nullptr, nullptr, 0, hints.get(), &list);
-        if (rc == 0) break;
-      }
-      if (rc == 0 || !rma) break;
-    }
-    if (rc == 0 || !hmem) break;
-  }
+  const int rc = get_info(options, false, &list);
   std::string asked = options.provider.empty() ? std::string("(any)") : options.provider;
   TORUS_CHECK_OFI(rc, "no libfabric provider offers RDM endpoints with FI_TAGGED|FI_MSG for provider '{}' "
                       "(check FI_PROVIDER / TORUS_OFI_PROVIDER and `fi_info -t FI_EP_RDM`)", asked);
@@ -94,6 +98,25 @@ Fabric::Fabric(const FabricOptions& options) {
   info_.reset(fi_dupinfo(pick));
   TORUS_CHECK(info_ != nullptr, CommError, "fi_dupinfo failed");
   all.reset();
+  // Device buffers: the provider and domain chosen above, asked again with
+  // FI_HMEM; without it when they do not offer it (the world's choice of
+  // provider never depends on HMEM).
+  if (options.want_hmem && info_->fabric_attr->prov_name != nullptr) {
+    FabricOptions pinned = options;
+    pinned.provider = info_->fabric_attr->prov_name;
+    fi_info* hmem_list = nullptr;
+    if (get_info(pinned, true, &hmem_list) == 0) {
+      InfoPtr hmem_all(hmem_list);
+      const std::string domain = info_->domain_attr->name ? info_->domain_attr->name : "";
+      for (const fi_info* i = hmem_list; i != nullptr; i = i->next) {
+        if (i->domain_attr->name != nullptr && domain == i->domain_attr->name) {
+          info_.reset(fi_dupinfo(i));
+          TORUS_CHECK(info_ != nullptr, CommError, "fi_dupinfo failed");
+          break;
+        }
+      }
+    }
+  }
 
   provider_ = info_->fabric_attr->prov_name ? info_->fabric_attr->prov_name : "?";
   fabric_name_ = info_->fabric_attr->name ? info_->fabric_attr->name : "?";

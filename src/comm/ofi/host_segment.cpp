@@ -42,6 +42,10 @@ struct HostSegment::Header {
   std::atomic<uint32_t> attached;
   std::atomic<uint32_t> aborted;
   std::atomic<uint32_t> reason_ready;
+  // A rank refused the segment while attaching (a configuration that
+  // differs): local rank 0 stops waiting for it. An abort of a later op (a
+  // rank past attaching whose first op failed) does not end the wait.
+  std::atomic<uint32_t> setup_failed;
   int32_t aborted_by;
   char reason[512];
 };
@@ -118,6 +122,7 @@ HostSegment::HostSegment(const Config& cfg, Store& store)
           "local rank 0 of host segment {}; they must be the same on every rank",
           cfg.eager_bytes, cfg.zero_copy_bytes, cfg.world_rank, h->eager_bytes, h->zero_copy_bytes, cfg.name);
       mark_aborted(cfg.world_rank, msg);
+      h->setup_failed.store(1, std::memory_order_release);
       throw InvalidArgument(msg);
     }
   }
@@ -130,7 +135,9 @@ HostSegment::HostSegment(const Config& cfg, Store& store)
   if (local_rank_ == 0) {
     auto deadline = std::chrono::steady_clock::now() + cfg.timeout;
     while (h->attached.load(std::memory_order_acquire) < L) {
-      if (is_aborted()) throw InvalidArgument(fmt::format("host segment {}: {}", cfg.name, aborted()));
+      if (h->setup_failed.load(std::memory_order_acquire) != 0) {
+        throw InvalidArgument(fmt::format("host segment {}: {}", cfg.name, aborted()));
+      }
       if (std::chrono::steady_clock::now() > deadline) {
         uint32_t attached = h->attached.load();
         throw TimeoutError(fmt::format("host segment {}: only {} of {} local ranks attached within {} ms", cfg.name,

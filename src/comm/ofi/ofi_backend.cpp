@@ -210,10 +210,10 @@ class OfiBackend final : public Backend {
     if (device::Device* d = world_->device) {
       const device::NicAddress a = check_device(buf, bytes, "send", "buffer");
       void* nic = world_->device_zero_copy ? a.address : nullptr;
-      const World* w = world_.get();
+      const MemoryKind kind = world_->device_kind;
       return issue(OpType::kSend, dt, {static_cast<int64_t>(count)}, peer, timeout, false, bytes,
                    [=](OpCtx& c, Topology* t, uint64_t) {
-                     return device_send(c, t, d, w, buf, nic, a.device, bytes, peer, tag);
+                     return device_send(c, t, d, kind, buf, nic, a.device, bytes, peer, tag);
                    });
     }
     return issue(OpType::kSend, dt, {static_cast<int64_t>(count)}, peer, timeout, false, bytes,
@@ -228,10 +228,10 @@ class OfiBackend final : public Backend {
     if (device::Device* d = world_->device) {
       const device::NicAddress a = check_device(buf, bytes, "recv", "buffer");
       void* nic = world_->device_zero_copy ? a.address : nullptr;
-      const World* w = world_.get();
+      const MemoryKind kind = world_->device_kind;
       return issue(OpType::kRecv, dt, {static_cast<int64_t>(count)}, peer, timeout, false, bytes,
                    [=](OpCtx& c, Topology* t, uint64_t) {
-                     return device_recv(c, t, d, w, buf, nic, a.device, bytes, peer, tag);
+                     return device_recv(c, t, d, kind, buf, nic, a.device, bytes, peer, tag);
                    });
     }
     return issue(OpType::kRecv, dt, {static_cast<int64_t>(count)}, peer, timeout, false, bytes,

@@ -129,9 +129,10 @@ Task device_all_to_all(OpCtx& c, Topology* t, device::Device* dev, const void* i
                        std::vector<size_t> send_counts, std::vector<size_t> recv_counts, DType dt, uint64_t seq);
 // Point to point: `buf` is the device pointer, `nic` its NicAddress when the
 // world hands device buffers to the provider (else null: through scratch).
-Task device_send(OpCtx& c, Topology* t, device::Device* dev, const World* w, const void* buf, void* nic,
+// `kind`: what the device buffers are registered as.
+Task device_send(OpCtx& c, Topology* t, device::Device* dev, MemoryKind kind, const void* buf, void* nic,
                  int nic_device, size_t bytes, int peer, int tag);
-Task device_recv(OpCtx& c, Topology* t, device::Device* dev, const World* w, void* buf, void* nic, int nic_device,
+Task device_recv(OpCtx& c, Topology* t, device::Device* dev, MemoryKind kind, void* buf, void* nic, int nic_device,
                  size_t bytes, int peer, int tag);
 
 }  // namespace torus::comm::ofi

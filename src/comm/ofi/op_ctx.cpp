@@ -12,6 +12,7 @@ namespace torus::comm::ofi {
 namespace {
 
 constexpr size_t kMaxPooledScratch = 8;
+constexpr size_t kMaxPooledStagingBytes = size_t{16} << 20;
 
 }  // namespace
 
@@ -112,6 +113,12 @@ char* OpCtx::scratch(size_t bytes) {
   return scratch_.back()->data.get();
 }
 
+char* OpCtx::staging(size_t bytes) {
+  char* p = scratch(bytes);
+  if (bytes > kMaxPooledStagingBytes && !detached_) scratch_.back()->pooled = false;
+  return p;
+}
+
 void* OpCtx::desc(const void* buf, size_t bytes) {
   Fabric& f = engine_.fabric();
   const bool device = mem_kind_ != MemoryKind::kHost;
@@ -204,6 +211,7 @@ std::unique_ptr<Scratch> Engine::lend_scratch(size_t bytes) {
 
 void Engine::return_scratch(std::unique_ptr<Scratch> s) {
   if (!s) return;
+  if (!s->pooled) return;  // OpCtx::staging: freed here
   scratch_pool_.push_back(std::move(s));
   if (scratch_pool_.size() > kMaxPooledScratch) {
     auto smallest = std::min_element(scratch_pool_.begin(), scratch_pool_.end(),

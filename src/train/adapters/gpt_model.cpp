@@ -111,15 +111,16 @@ double block_activation_16(int64_t s, int64_t b, int64_t h, int64_t a, int t, bo
 // Note [MoE activations]: an MoE block saves, in place of the dense MLP's
 // 19 sbh/t (t = 1 or sequence parallel; else 3 sbh whole — fc1's input and
 // the dropout mask — and 16 sbh/t of fc1's and GeLU's outputs), for each of
-// the k assignments of the tokens this rank routes (all s·b without SP: the
-// TP ranks route the same tokens; s·b/t with it): the expert's input and
-// output (2h bytes each) and fc1's and the activation's outputs (2 f_e
-// each). With --expert-tp a rank runs its f_e/t slice of each expert on the
-// rows of all t tp ranks: fc1's saved input is t times as many rows, its
-// outputs the same bytes. With a capacity factor c < 1 at most c of
-// the assignments are kept (balanced over the ep ranks, each receives its
-// share). Per token: the router's f32 logits, probabilities and their
-// gradient (12 E bytes) and the dropout mask (h bytes).
+// the k assignments of the s·b/t tokens this rank routes (the layer scatters
+// its input over tp when the sequence is not split already,
+// MoELayer::forward): the expert's input and output (2h bytes each) and
+// fc1's and the activation's outputs (2 f_e each). With --expert-tp a rank
+// runs its f_e/t slice of each expert on the rows of all t tp ranks: fc1's
+// saved input is t times as many rows, its outputs the same bytes. With a
+// capacity factor c < 1 at most c of the assignments are kept (balanced
+// over the ep ranks, each receives its share). Per routed token the
+// router's f32 logits, probabilities and their gradient (12 E bytes); per
+// token of the block's input the dropout mask (h bytes).
 double dense_mlp_activation_16(int64_t s, int64_t b, int64_t h, int t, bool sp) {
   const double sbh = static_cast<double>(s) * b * h;
   if (t == 1 || sp) return 19.0 * sbh / t;
@@ -127,11 +128,12 @@ double dense_mlp_activation_16(int64_t s, int64_t b, int64_t h, int t, bool sp) 
 }
 
 double moe_mlp_activation_16(int64_t s, int64_t b, int64_t h, int t, bool sp, const expert::MoEConfig& moe) {
-  const double tokens = static_cast<double>(s) * b / (sp ? t : 1);
-  const double kept = static_cast<double>(moe.top_k) * tokens *
+  const double routed = static_cast<double>(s) * b / t;
+  const double kept = static_cast<double>(moe.top_k) * routed *
                       (moe.capacity_factor > 0 ? std::min(1.0, moe.capacity_factor) : 1.0);
   const double te = moe.expert_tensor_parallel ? t : 1;
-  return kept * (2.0 * h * te + 2.0 * h + 4.0 * moe.ffn_hidden) + tokens * (12.0 * moe.num_experts + h);
+  return kept * (2.0 * h * te + 2.0 * h + 4.0 * moe.ffn_hidden) + routed * 12.0 * moe.num_experts +
+         static_cast<double>(s) * b * h / (sp ? t : 1);
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <map>
 #include <optional>
 #include <nlohmann/json.hpp>
 
@@ -289,6 +290,7 @@ TrainLoop::TrainLoop(comm::ProcessGroupPtr world, RunConfig config, std::string 
   if (!c.resume.empty()) {
     // Note [Resume checks]: another model or other data is refused, naming
     // the difference; another layout is loaded by resharding.
+    std::map<std::string, std::string> origins;  // checkpoint path -> the --init-from it recorded
     auto check = [&](const ckpt::Checkpoint& ck) {
       const Json saved_model = Json::parse(ck.info().model), model = Json::parse(m.run_desc.model);
       for (const auto& [key, v] : model.items()) {
@@ -304,15 +306,16 @@ TrainLoop::TrainLoop(comm::ProcessGroupPtr world, RunConfig config, std::string 
                   "--resume {}: the checkpoint was trained on {} ({} {}), this run reads {} ({} {}): other data",
                   ck.path(), saved_data.value("source", "?"), saved_kind, saved_id, data.value("source", "?"),
                   data.value("kind", "?"), data.value("identity", "?"));
-      // The weights came from the saved run's --init-from: its checkpoints
-      // keep naming it (the export's default tokenizer).
+      // The weights came from the saved run's --init-from: this run's
+      // checkpoints keep naming it (the export's default tokenizer), once
+      // this checkpoint is the one loaded (below). An older checkpoint's
+      // relative path is not carried (it named another working directory).
       const Json saved_options = Json::parse(ck.info().options);
-      const std::string origin = saved_options.value("init-from", std::string());
-      if (!origin.empty()) {
-        Json options = Json::parse(m.run_desc.options);
-        options["init-from"] = origin;
-        m.run_desc.options = options.dump();
-      }
+      const auto it = saved_options.is_object() ? saved_options.find("init-from") : saved_options.end();
+      origins[ck.path()] = it != saved_options.end() && it->is_string() && !it->get<std::string>().empty() &&
+                                   it->get<std::string>().front() == '/'
+                               ? it->get<std::string>()
+                               : std::string();
       for (const char* key : {"seed", "batch", "seq", "val_fraction"}) {
         if (saved_data.value(key, Json()) != data.value(key, Json()) && m.world->rank() == 0) {
           TORUS_LOG_WARN(
@@ -323,6 +326,11 @@ TrainLoop::TrainLoop(comm::ProcessGroupPtr world, RunConfig config, std::string 
       }
     };
     m.resumed = resume(m.world, *m.trainer, c.resume, c.checkpoint_dir(), m.run_desc.layout, check);
+    if (!m.resumed.path.empty() && !origins[m.resumed.path].empty()) {
+      Json options = Json::parse(m.run_desc.options);
+      options["init-from"] = origins[m.resumed.path];
+      m.run_desc.options = options.dump();
+    }
     m.start_step = m.resumed.step;
     if (!m.resumed.path.empty() && m.world->rank() == 0) {
       const Json pos = Json::parse(m.data->position_json(m.resumed.step));
