@@ -79,8 +79,10 @@ torus_add_mpi_test(NAME neuron_backend_dead_peer_np3 TARGET torus_neuron_backend
 # The ofi backend on Neuron device memory ("ofi-neuron", Note [Device
 # buffers] in src/comm/ofi/device_ops.cpp) over the tcp provider on 2 and 3
 # ranks: moved through host memory (tcp offers no FI_HMEM registration of
-# Neuron memory), and on 2 ranks with the fake's device addresses registered
-# as host memory (TORUS_OFI_HMEM=as-host: the zero-copy point-to-point path).
+# Neuron memory); over shm, which grants FI_HMEM but cannot register Neuron
+# memory here (the probe's fallback); and on 2 ranks with the fake's device
+# addresses registered as host memory (TORUS_OFI_HMEM=as-host: the zero-copy
+# point-to-point path).
 if(TORUS_WITH_OFI)
   add_executable(torus_ofi_neuron_tests ${CMAKE_CURRENT_LIST_DIR}/ofi_neuron_test.cpp
                  ${PROJECT_SOURCE_DIR}/tests/backend/backend_fixture.cpp)
@@ -93,6 +95,11 @@ if(TORUS_WITH_OFI)
                        ARGS --gtest_filter=-OfiNeuronFaults.*
                        ENV ${_ofi_neuron} TORUS_TEST_OFI_ZERO_COPY=0 TIMEOUT 300)
   endforeach()
+  # shm grants FI_HMEM, but registering Neuron memory fails without the
+  # runtime inside libfabric: the probe falls back to host copies.
+  torus_add_mpi_test(NAME ofi_neuron_shm_np2 TARGET torus_ofi_neuron_tests NP 2 LABELS "neuron;backend"
+                     ARGS --gtest_filter=-OfiNeuronFaults.*
+                     ENV ${_fake} TORUS_TEST_BACKEND=ofi-neuron FI_PROVIDER=shm TORUS_TEST_OFI_ZERO_COPY=0 TIMEOUT 300)
   torus_add_mpi_test(NAME ofi_neuron_zero_copy_np2 TARGET torus_ofi_neuron_tests NP 2 LABELS "neuron;backend"
                      ARGS --gtest_filter=OfiNeuron.*:-OfiNeuronFaults.*
                      ENV ${_ofi_neuron} TORUS_OFI_HMEM=as-host TORUS_TEST_OFI_ZERO_COPY=1 TIMEOUT 300)
