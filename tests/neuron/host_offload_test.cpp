@@ -126,14 +126,21 @@ void expect_params(const std::vector<float>& got, const std::vector<double>& wan
   EXPECT_EQ(bad, 0u);
 }
 
+// Parameters of 1001 elements padded for this world, holding init_of(i).
+Flat initial_params(DType dtype) {
+  Flat params(dtype, optim::HostOffloadAdam::padded_numel(1001, world().size()));
+  std::vector<float> p0(params.numel);
+  for (size_t i = 0; i < params.numel; ++i) p0[i] = init_of(i);
+  params.upload(p0);
+  return params;
+}
+
 void run_case(DType dtype, bool decoupled, double wd, const std::vector<optim::HostOffloadAdamGroup>& groups = {},
               double max_norm = 0) {
   Backend& w = world();
-  const size_t numel = optim::HostOffloadAdam::padded_numel(1001, w.size());
-  Flat params(dtype, numel), grads(dtype, numel);
-  std::vector<float> p0(numel);
-  for (size_t i = 0; i < numel; ++i) p0[i] = init_of(i);
-  params.upload(p0);
+  Flat params = initial_params(dtype);
+  const size_t numel = params.numel;
+  Flat grads(dtype, numel);
   optim::HostOffloadAdamOptions o;
   o.adam.lr = 0.01;
   o.adam.weight_decay = wd;
@@ -231,11 +238,9 @@ TEST(HostOffloadAdam, SaveAndLoadResumeExactlyOnAnyDpSize) {
   Backend& w = world();
   SharedDir dir("resume");
   const DType dtype = DType::kBF16;
-  const size_t numel = optim::HostOffloadAdam::padded_numel(1001, w.size());
-  Flat params(dtype, numel), grads(dtype, numel);
-  std::vector<float> p0(numel);
-  for (size_t i = 0; i < numel; ++i) p0[i] = init_of(i);
-  params.upload(p0);
+  Flat params = initial_params(dtype);
+  const size_t numel = params.numel;
+  Flat grads(dtype, numel);
   optim::HostOffloadAdamOptions o;
   o.adam.lr = 0.01;
   o.adam.weight_decay = 0.1;
