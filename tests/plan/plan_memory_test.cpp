@@ -76,6 +76,11 @@ TEST(PlanMemory, PredictionWithinTenPercentOfLiveBytes) {
       {"tp2 sp moe expert-tp bf16",
        {"--tp=2", "--dp=1", "--sp", "--moe-every=2", "--experts=4", "--expert-tp", "--precision=bf16",
         "--micro-batches=1"}},
+      {"ep2 moe capacity 0.5 f32",
+       {"--ep=2", "--dp=1", "--moe-every=2", "--experts=4", "--capacity-factor=0.5", "--precision=f32",
+        "--micro-batches=2"}},
+      {"pp2 moe 1f1b bf16",
+       {"--pp=2", "--dp=1", "--moe-every=2", "--experts=4", "--precision=bf16", "--micro-batches=4"}},
       {"tp2 sp f32", {"--tp=2", "--dp=1", "--sp", "--precision=f32", "--micro-batches=2"}, 0.20},
       {"dp2 zero3 fp16 full", {"--dp=2", "--zero=3", "--precision=fp16", "--recompute=full", "--micro-batches=2"}, 0.20},
   };
