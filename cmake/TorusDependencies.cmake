@@ -14,8 +14,14 @@ endfunction()
 if(TORUS_USE_CCACHE)
   find_program(TORUS_CCACHE ccache)
   if(TORUS_CCACHE)
-    set(CMAKE_C_COMPILER_LAUNCHER ${TORUS_CCACHE})
-    set(CMAKE_CXX_COMPILER_LAUNCHER ${TORUS_CCACHE})
+    # The tensor-facing objects are compiled with a precompiled header:
+    # ccache caches them only with these sloppiness settings (and GCC's
+    # -fpch-preprocess, src/CMakeLists.txt); without them every one of
+    # those objects is recompiled in every fresh clone.
+    set(_torus_ccache ${CMAKE_COMMAND} -E env
+        "CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime" ${TORUS_CCACHE})
+    set(CMAKE_C_COMPILER_LAUNCHER ${_torus_ccache})
+    set(CMAKE_CXX_COMPILER_LAUNCHER ${_torus_ccache})
     set(CMAKE_CUDA_COMPILER_LAUNCHER ${TORUS_CCACHE})
   endif()
 endif()

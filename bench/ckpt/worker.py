@@ -135,8 +135,8 @@ def main():
     zero = 1 if size > 1 else 0
     cfg = models.GPTConfig(vocab_size=256, max_seq_len=args.seq, num_layers=args.layers, hidden=args.hidden,
                            num_heads=args.heads)
-    trainer = train.GPTTrainer(world, cfg, train.ParallelLayout(dp=size), train.OptimizerConfig(lr=1e-3),
-                               train.TrainerOptions(zero_stage=zero))
+    trainer = train.GPTTrainer(world, cfg, train.ParallelLayout(dp=size, zero=zero), train.OptimizerConfig(lr=1e-3),
+                               train.TrainerOptions())
     g = torch.Generator().manual_seed(7)
     batch = torch.randint(0, 256, (size, args.seq + 1), generator=g, dtype=torch.int64)
     trainer.train_step(batch)
@@ -171,8 +171,8 @@ def main():
             shutil.rmtree(path, ignore_errors=True)
         dist.barrier()
 
-    sync_ck = checkpoint.Checkpointer(world, trainer, ckdir, keep_last=0, zero_stage=zero)
-    async_ck = checkpoint.Checkpointer(world, trainer, ckdir, keep_last=0, async_save=True, zero_stage=zero)
+    sync_ck = checkpoint.Checkpointer(world, trainer, ckdir, keep_last=0)
+    async_ck = checkpoint.Checkpointer(world, trainer, ckdir, keep_last=0, async_save=True)
 
     # Warm-up: one Torus save, which also says which tensors and how many bytes this rank writes.
     step = 1
@@ -225,7 +225,7 @@ def main():
         # Torus load (of the sync checkpoint), from the disk, into a zeroed state.
         perturb()
         resident.setdefault("torus_load", []).append(evict([sync_path]))
-        rep_info = timed("torus_load", lambda: checkpoint.resume(world, trainer, sync_path, zero_stage=zero))
+        rep_info = timed("torus_load", lambda: checkpoint.resume(world, trainer, sync_path))
         if rep_info["step"] != step or rep_info["kept"]:
             fail(f"resume of {sync_path}: step {rep_info['step']} (saved {step}), kept {rep_info['kept']}")
         same(trainer.state_dict(), ref, f"torus load of {sync_path}")
@@ -308,7 +308,7 @@ def main():
             checkpoint.verify(apath)
         # The checkpoint holds the state of save() time, not the update that ran meanwhile: loading it takes the
         # trainer back there (untimed).
-        info = checkpoint.resume(world, trainer, apath, zero_stage=zero)
+        info = checkpoint.resume(world, trainer, apath)
         if info["step"] != step or info["kept"]:
             fail(f"resume of {apath}: step {info['step']} (saved {step}), kept {info['kept']}")
         same(trainer.state_dict(), ref_async, f"torus async checkpoint {apath} (a torn snapshot?)")

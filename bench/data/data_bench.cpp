@@ -1,4 +1,4 @@
-// torus-bench-data — tokens/s of TokenSampler (torus/train/token_data.h)
+// torus-bench-data — tokens/s of TokenSampler (torus/run/token_data.h)
 // reading its rows from a memory-mapped .tok file and from a Megatron
 // .bin/.idx pair, page cache warm, beside a plain memcpy of the same windows'
 // bytes out of the same map (the machine limit of the gather: no index
@@ -43,13 +43,13 @@
 #include "common/membw.h"
 #include "common/options.h"
 #include "common/sweep.h"
-#include "torus/train/corpus.h"
-#include "torus/train/token_data.h"
+#include "torus/run/corpus.h"
+#include "torus/run/token_data.h"
 
 namespace {
 namespace fs = std::filesystem;
-using torus::train::TokenDataset;
-using torus::train::TokenSampler;
+using torus::run::TokenDataset;
+using torus::run::TokenSampler;
 
 struct Options {
   int64_t tokens = int64_t{64} << 20;
@@ -130,7 +130,7 @@ void write_data(const fs::path& dir, int64_t n) {
   constexpr int64_t kDoc = 1000;
   std::string ids;
   ids.reserve(static_cast<size_t>(2 * n));
-  for (int64_t i = 0; i < n; ++i) put(ids, torus::train::splitmix64(static_cast<uint64_t>(i)) % 50304, 2);
+  for (int64_t i = 0; i < n; ++i) put(ids, torus::run::splitmix64(static_cast<uint64_t>(i)) % 50304, 2);
   const int64_t docs = (n + kDoc - 1) / kDoc;
   std::string tok = "TORUSTOK";
   put(tok, 1, 4), put(tok, 2, 4), put(tok, n, 8), put(tok, 50304, 8), put(tok, docs, 8);

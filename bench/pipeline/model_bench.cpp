@@ -91,8 +91,8 @@
 #include "torus/comm/process_group.h"
 #include "torus/core/error.h"
 #include "torus/parallel/pipeline/executor.h"
-#include "torus/train/corpus.h"
-#include "torus/train/gpt_model.h"
+#include "torus/run/corpus.h"
+#include "torus/engine/gpt_model.h"
 
 namespace torus::bench {
 namespace {
@@ -330,18 +330,18 @@ at::Tensor to_tensor(const std::vector<int64_t>& tokens, int64_t rows, int64_t c
 class Case {
  public:
   Case(const comm::ProcessGroupPtr& world, ScheduleKind kind, int m, const models::GPTConfig& model,
-       const train::BatchSampler& data, MemoryMeter& meter, const Options& o)
+       const run::BatchSampler& data, MemoryMeter& meter, const Options& o)
       : world_(world), kind_(kind), m_(m), data_(data), meter_(meter), o_(o) {
-    train::ParallelLayout layout;
+    engine::ParallelLayout layout;
     layout.pp = world->size();
     layout.schedule = kind;
     layout.num_micro = m;
     layout.num_chunks = kind == ScheduleKind::kInterleaved1F1B ? o.chunks : 1;
-    train::OptimizerConfig optim;
+    engine::OptimizerConfig optim;
     optim.lr = o.lr;
-    train::TrainerOptions topts;
+    engine::TrainerOptions topts;
     topts.record_trace = true;
-    trainer_ = std::make_unique<train::GPTTrainer>(world, model, layout, optim, topts);
+    trainer_ = std::make_unique<engine::GPTTrainer>(world, model, layout, optim, topts);
     const pp::Schedule& s = trainer_->schedule();
     sim_ = pp::simulate(s);
     for (const auto& list : s.actions) longest_ = std::max(longest_, static_cast<int64_t>(list.size()));
@@ -354,7 +354,7 @@ class Case {
     world_->barrier()->wait();
     if (timed >= 0) meter_.start_log();
     const double cpu0 = cpu_seconds();
-    train::StepStats st = trainer_->train_step(batch);
+    engine::StepStats st = trainer_->train_step(batch);
     const double cpu = cpu_seconds() - cpu0;
     std::vector<MemoryMeter::Event> log;
     if (timed >= 0) log = meter_.take_log();
@@ -484,10 +484,10 @@ class Case {
   comm::ProcessGroupPtr world_;
   ScheduleKind kind_;
   int m_;
-  const train::BatchSampler& data_;
+  const run::BatchSampler& data_;
   MemoryMeter& meter_;
   const Options& o_;
-  std::unique_ptr<train::GPTTrainer> trainer_;
+  std::unique_ptr<engine::GPTTrainer> trainer_;
   pp::Simulation sim_;
   int64_t longest_ = 0;
   at::Tensor mine_;
@@ -590,8 +590,8 @@ bool write_json(const std::string& path, const std::vector<Record>& records, con
 }
 
 int run(const Options& o, MemoryMeter& meter) {
-  const std::string data_path = o.data.empty() ? train::default_corpus_path() : o.data;
-  const train::Corpus corpus = train::Corpus::load(data_path);
+  const std::string data_path = o.data.empty() ? run::default_corpus_path() : o.data;
+  const run::Corpus corpus = run::Corpus::load(data_path);
   auto world = torus::init();
   const int p = world->size();
   const bool root = world->rank() == 0;
@@ -610,10 +610,10 @@ int run(const Options& o, MemoryMeter& meter) {
   model.seed = static_cast<uint64_t>(o.seed);
 
   // One sampler per m: every schedule at that m sees the same batches.
-  std::map<int, std::unique_ptr<train::BatchSampler>> samplers;
+  std::map<int, std::unique_ptr<run::BatchSampler>> samplers;
   for (int m : o.micro) {
     if (!samplers.count(m)) {
-      samplers[m] = std::make_unique<train::BatchSampler>(corpus.bytes(), o.seq, m * o.micro_rows,
+      samplers[m] = std::make_unique<run::BatchSampler>(corpus.bytes(), o.seq, m * o.micro_rows,
                                                           static_cast<uint64_t>(o.seed), "corpus");
     }
   }

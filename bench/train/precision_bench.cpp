@@ -1,5 +1,5 @@
 // torus-bench-precision — step time, tokens/s and memory per rank of the
-// reference GPT trained by the engine (train::GPTTrainer) in f32, bf16 and
+// reference GPT trained by the engine (engine::GPTTrainer) in f32, bf16 and
 // fp16, in one run, beside the machine's GEMM peak for each dtype.
 //
 //   torus-bench-precision [--layers 4] [--hidden 256] [--heads 8] [--seq 512] [--batch 4]
@@ -38,8 +38,8 @@
 #include "common/live_bytes.h"
 #include "common/options.h"
 #include "torus/comm/process_group.h"
-#include "torus/train/gpt_model.h"
-#include "torus/train/peak_flops.h"
+#include "torus/engine/gpt_model.h"
+#include "torus/run/peak_flops.h"
 
 namespace {
 
@@ -105,19 +105,19 @@ Result run(const comm::ProcessGroupPtr& world, const Options& o, const std::stri
   r.precision = precision;
   const int64_t base = live.live();
   {
-    train::ParallelLayout layout;
-    train::OptimizerConfig optim;
+    engine::ParallelLayout layout;
+    engine::OptimizerConfig optim;
     optim.lr = 1e-3;
-    train::TrainerOptions options;
+    engine::TrainerOptions options;
     options.loss_scaler.initial_scale = 1024;
-    train::GPTTrainer trainer(world, c, layout, optim, options);
+    engine::GPTTrainer trainer(world, c, layout, optim, options);
     std::vector<double> times, peaks;
     for (int k = 0; k < o.warmup + o.steps; ++k) {
       const at::Tensor batch = batch_of(k, o);
       const int64_t state = live.live() - base;
       live.reset_peak();
       const auto t0 = Clock::now();
-      const train::StepStats st = trainer.train_step(batch);
+      const engine::StepStats st = trainer.train_step(batch);
       const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
       if (k < o.warmup) continue;
       times.push_back(dt);
@@ -130,7 +130,7 @@ Result run(const comm::ProcessGroupPtr& world, const Options& o, const std::stri
     r.total_bytes = *std::max_element(peaks.begin(), peaks.end());
     r.activation_bytes = r.total_bytes - r.state_bytes;
     r.tokens_per_s = static_cast<double>(o.batch * o.seq) / r.step_s;
-    r.peak_flops = train::measure_cpu_gemm_flops(c.dtype, o.threads);
+    r.peak_flops = run::measure_cpu_gemm_flops(c.dtype, o.threads);
     r.mfu = r.tokens_per_s * trainer.flops_per_token(o.seq) / r.peak_flops;
   }
   double sum = 0;

@@ -49,7 +49,7 @@
 #include "torus/comm/process_group.h"
 #include "torus/core/host_allocator.h"
 #include "torus/parallel/data/zero.h"
-#include "torus/train/gpt_model.h"
+#include "torus/engine/gpt_model.h"
 
 namespace {
 
@@ -153,13 +153,13 @@ double formula_bytes(int stage, double psi, double N, bool main_grads) {
 Row run(const comm::ProcessGroupPtr& world, const Options& o, const std::string& size, int stage) {
   const int N = world->size();
   const models::GPTConfig cfg = model_of(size, o.seq);
-  train::ParallelLayout layout;
+  engine::ParallelLayout layout;
   layout.dp = N;
   layout.num_micro = o.micro;
-  train::TrainerOptions opts;
-  opts.zero_stage = stage;
+  layout.zero = stage;
+  engine::TrainerOptions opts;
   opts.grads_in_param_dtype = !o.main_grads;
-  train::OptimizerConfig optim;
+  engine::OptimizerConfig optim;
   optim.lr = 1e-4;
   Row r;
   r.size = size;
@@ -169,7 +169,7 @@ Row run(const comm::ProcessGroupPtr& world, const Options& o, const std::string&
   const int64_t before = g_counter->live();
   g_counter->reset_peak();
   {
-    train::GPTTrainer trainer(world, cfg, layout, optim, opts);
+    engine::GPTTrainer trainer(world, cfg, layout, optim, opts);
     r.init_peak = static_cast<double>(g_counter->peak() - before);
     std::vector<double> ms, wait_ms;
     double last_wait = 0;
@@ -177,7 +177,7 @@ Row run(const comm::ProcessGroupPtr& world, const Options& o, const std::string&
     for (int k = 0; k < o.warmup + o.steps; ++k) {
       const at::Tensor batch = batch_of(k, rows, o.seq);
       const auto t0 = Clock::now();
-      const train::StepStats st = trainer.train_step(batch);
+      const engine::StepStats st = trainer.train_step(batch);
       const double dt = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
       double wait = 0;
       for (const dp::Zero* z : trainer.zero_syncs()) wait += z->stats().comm_wait_seconds;

@@ -21,8 +21,8 @@
 #include <nlohmann/json.hpp>
 
 #include "torus/checkpoint/checkpoint.h"
-#include "torus/train/hf.h"
-#include "torus/train/metrics.h"
+#include "torus/engine/hf.h"
+#include "torus/run/metrics.h"
 
 namespace {
 
@@ -104,7 +104,7 @@ int cmd_export(const std::string& path, const std::string& out, const std::strin
 }
 
 int cmd_export_hf(const std::string& path, const std::string& out, const std::string& dtype,
-                  train::HfExportOptions options) {
+                  engine::HfExportOptions options) {
   const auto ck = ckpt::Checkpoint::open(path);
   ck.verify();
   if (dtype == "f32") {
@@ -114,10 +114,10 @@ int cmd_export_hf(const std::string& path, const std::string& out, const std::st
   } else if (dtype == "f16") {
     options.dtype = c10::ScalarType::Half;
   }
-  const train::HfConfig config = train::hf_config_of_checkpoint(ck);
-  const train::HfExportReport r = train::export_hf(ck, config, out, options);
+  const engine::HfConfig config = engine::hf_config_of_checkpoint(ck);
+  const engine::HfExportReport r = engine::export_hf(ck, config, out, options);
   fmt::print("{}: step {} written to {} as a Hugging Face {} model: {} in {} ({})\n", path, ck.info().step, out,
-             train::hf_model_type(config.family), train::format_bytes(r.total_bytes),
+             engine::hf_model_type(config.family), torus::format_bytes(r.total_bytes),
              r.weight_files.size() == 1 ? r.weight_files[0] : fmt::format("{} shards", r.weight_files.size()),
              r.tokenizer_files.empty() ? std::string("no tokenizer files")
                                        : fmt::format("tokenizer files from {}: {}", r.tokenizer_dir,
@@ -151,7 +151,7 @@ int main(int argc, char** argv) {
       ->required();
   exp_hf->add_option("--dtype", hf_dtype, "the tensors' dtype in the files (default: as saved)")
       ->check(CLI::IsMember({"f32", "bf16", "f16"}));
-  train::HfExportOptions hf_options;
+  engine::HfExportOptions hf_options;
   exp_hf
       ->add_option("--max-shard-size", hf_options.max_shard_bytes,
                    "largest weight file (5GB, 500MB, 2GiB, bytes); a larger model is written in shards with "

@@ -23,8 +23,8 @@
 #include "torus/core/error.h"
 #include "torus/plan/hardware.h"
 #include "torus/plan/planner.h"
-#include "torus/train/model_presets.h"
-#include "torus/train/run_config.h"
+#include "torus/run/model_presets.h"
+#include "torus/run/run_config.h"
 
 namespace {
 
@@ -109,7 +109,7 @@ int run(int argc, char** argv) {
       std::cout << fmt::format("  {:<10} {}\n", h.name, h.description);
     }
     std::cout << "model presets:\n";
-    for (const train::ModelPreset& m : train::model_presets()) {
+    for (const run::ModelPreset& m : run::model_presets()) {
       std::cout << fmt::format("  {:<12} {}\n", m.name, m.description);
     }
     return 0;
@@ -129,7 +129,7 @@ int run(int argc, char** argv) {
   plan::PlanRequest req;
   std::vector<std::string> rest = app.remaining();
   if (global_batch > 0) rest.push_back(fmt::format("--batch={}", global_batch));
-  train::parse_run_config(rest, req.run);
+  run::parse_run_config(rest, req.run);
   const plan::Hardware* hw = plan::find_hardware(hardware);
   if (hw == nullptr) {
     throw InvalidArgument(fmt::format("--hardware: unknown hardware '{}' (known: {})", hardware, plan::hardware_names()));

@@ -5,8 +5,8 @@
 //   mpirun -np 8 torus-train --tp 2 --pp 2 --dp 2 --steps 200
 //   torus-train --help
 //
-// The program is a front end of train::TrainLoop (train_loop.h): the option
-// table is train::RunConfig's (run_config.h), the loop, its step line,
+// The program is a front end of run::TrainLoop (train_loop.h): the option
+// table is run::RunConfig's (run_config.h), the loop, its step line,
 // metrics JSONL and TensorBoard files are the library's. docs/train.md
 // describes every option.
 #include <signal.h>
@@ -21,17 +21,18 @@
 #include "torus/core/error.h"
 #include "torus/core/host_allocator.h"
 #include "torus/core/logging.h"
-#include "torus/train/run_config.h"
-#include "torus/train/train_loop.h"
+#include "torus/plan/planner.h"
+#include "torus/run/run_config.h"
+#include "torus/run/train_loop.h"
 
 namespace {
 
 using namespace torus;
 
 int run(int argc, char** argv) {
-  train::RunConfig cfg;
-  if (train::parse_run_config(argc, argv, cfg) == train::ParseOutcome::kHelp) {
-    std::cout << train::run_config_help(
+  run::RunConfig cfg;
+  if (run::parse_run_config(argc, argv, cfg) == run::ParseOutcome::kHelp) {
+    std::cout << run::run_config_help(
         "torus-train",
         "Trains a byte-level GPT language model with tensor (--tp), pipeline (--pp) and data (--dp) parallelism.\n"
         "Launch one process per rank, e.g.: mpirun -np 8 torus-train --tp 2 --pp 2 --dp 2");
@@ -43,7 +44,11 @@ int run(int argc, char** argv) {
   retain_freed_host_memory();
   comm::ProcessGroupPtr world = torus::init();
   try {
-    train::TrainLoop loop(world, cfg, "torus-train");
+    if (cfg.plan) {  // the planner above the run chooses the layout (plan/planner.h)
+      cfg.layout = plan::plan_layout(world, cfg);
+      cfg.plan = false;
+    }
+    run::TrainLoop loop(world, cfg, "torus-train");
     loop.set_line_sink([](std::string_view line) {
       std::fwrite(line.data(), 1, line.size(), stdout);
       std::fputc('\n', stdout);

@@ -17,21 +17,24 @@
 #include <string>
 #include <vector>
 
+#include <pybind11/operators.h>
+
 #include "bindings.h"
 #include "torus/checkpoint/checkpoint.h"
 #include "torus/comm/process_group.h"
 #include "torus/core/error.h"
 #include "torus/models/gpt.h"
 #include "torus/parallel/data/zero.h"
-#include "torus/train/checkpointing.h"
-#include "torus/train/corpus.h"
-#include "torus/train/gpt_model.h"
-#include "torus/train/lr_schedule.h"
-#include "torus/train/memory_plan.h"
-#include "torus/train/metrics.h"
-#include "torus/train/run_config.h"
-#include "torus/train/train_loop.h"
-#include "torus/train/trainer.h"
+#include "torus/engine/checkpointing.h"
+#include "torus/run/corpus.h"
+#include "torus/engine/gpt_model.h"
+#include "torus/run/lr_schedule.h"
+#include "torus/engine/memory_plan.h"
+#include "torus/run/metrics.h"
+#include "torus/plan/planner.h"
+#include "torus/run/run_config.h"
+#include "torus/run/train_loop.h"
+#include "torus/engine/trainer.h"
 
 namespace py = pybind11;
 
@@ -86,19 +89,24 @@ class OwningSampler {
       : data_(std::make_shared<const std::vector<uint8_t>>(std::move(data))),
         sampler_(*data_, seq_len, batch, seed, std::move(name)) {}
 
-  const train::BatchSampler& sampler() const { return sampler_; }
+  const run::BatchSampler& sampler() const { return sampler_; }
   size_t data_size() const { return data_->size(); }
 
  private:
   std::shared_ptr<const std::vector<uint8_t>> data_;
-  train::BatchSampler sampler_;
+  run::BatchSampler sampler_;
 };
 
 void bind_layout(py::module_& m) {
-  py::class_<train::ParallelLayout>(m, "ParallelLayout", "How the world is cut: tp x pp x dp, schedule, micro-batches.")
+  // The one layout value (parallel/layout.h, Note [One layout]).
+  py::class_<engine::ParallelLayout>(
+      m, "ParallelLayout",
+      "How the world is cut (parallel/layout.h): tp x pp x dp x ep, sequence and expert TP, schedule, micro-batches, "
+      "chunks, stage cut, ZeRO stage, offload and recompute.")
       .def(py::init([](int tp, int pp, int dp, int ep, bool sequence_parallel, const py::object& schedule,
-                       int num_micro, int num_chunks, std::vector<int64_t> layers_per_stage) {
-             train::ParallelLayout l;
+                       int num_micro, int num_chunks, std::vector<int64_t> layers_per_stage, int zero,
+                       const std::string& offload, const std::string& recompute, bool expert_tp) {
+             engine::ParallelLayout l;
              l.tp = tp;
              l.pp = pp;
              l.dp = dp;
@@ -108,34 +116,58 @@ void bind_layout(py::module_& m) {
              l.num_micro = num_micro;
              l.num_chunks = num_chunks;
              l.layers_per_stage = std::move(layers_per_stage);
+             l.zero = zero;
+             l.offload = dp::parse_offload(offload);
+             l.recompute = recompute;
+             l.expert_tp = expert_tp;
              return l;
            }),
            py::arg("tp") = 1, py::arg("pp") = 1, py::arg("dp") = 1, py::kw_only(), py::arg("ep") = 1,
            py::arg("sequence_parallel") = false, py::arg("schedule") = pp::ScheduleKind::k1F1B,
            py::arg("num_micro") = 1, py::arg("num_chunks") = 1, py::arg("layers_per_stage") = std::vector<int64_t>{},
-           "schedule: a torus.pipeline.ScheduleKind or its name (\"gpipe\", \"1f1b\", \"interleaved\", \"zb-h1\").")
-      .def_readwrite("tp", &train::ParallelLayout::tp)
-      .def_readwrite("pp", &train::ParallelLayout::pp)
-      .def_readwrite("dp", &train::ParallelLayout::dp)
-      .def_readwrite("ep", &train::ParallelLayout::ep, "expert-parallel size (MoE models)")
-      .def_readwrite("sequence_parallel", &train::ParallelLayout::sequence_parallel)
+           py::arg("zero") = 0, py::arg("offload") = "none", py::arg("recompute") = "none",
+           py::arg("expert_tp") = false,
+           "schedule: a torus.pipeline.ScheduleKind or its name (\"gpipe\", \"1f1b\", \"interleaved\", \"zb-h1\"); "
+           "dp=0 or num_micro=0: resolved for the world (resolved()); zero: 0-3 (ZeRO over dp); offload: \"none\", "
+           "\"optimizer\" or \"optimizer+params\".")
+      .def_readwrite("tp", &engine::ParallelLayout::tp)
+      .def_readwrite("pp", &engine::ParallelLayout::pp)
+      .def_readwrite("dp", &engine::ParallelLayout::dp)
+      .def_readwrite("ep", &engine::ParallelLayout::ep, "expert-parallel size (MoE models)")
+      .def_readwrite("sequence_parallel", &engine::ParallelLayout::sequence_parallel)
+      .def_readwrite("expert_tp", &engine::ParallelLayout::expert_tp)
       .def_property(
-          "schedule", [](const train::ParallelLayout& l) { return l.schedule; },
-          [](train::ParallelLayout& l, const py::object& k) { l.schedule = kind_of(k); })
-      .def_readwrite("num_micro", &train::ParallelLayout::num_micro)
-      .def_readwrite("num_chunks", &train::ParallelLayout::num_chunks)
-      .def_readwrite("layers_per_stage", &train::ParallelLayout::layers_per_stage)
-      .def_property_readonly("num_stages", &train::ParallelLayout::num_stages)
-      .def("validate", &train::ParallelLayout::validate, py::arg("world_size"),
+          "schedule", [](const engine::ParallelLayout& l) { return l.schedule; },
+          [](engine::ParallelLayout& l, const py::object& k) { l.schedule = kind_of(k); })
+      .def_readwrite("num_micro", &engine::ParallelLayout::num_micro)
+      .def_readwrite("num_chunks", &engine::ParallelLayout::num_chunks)
+      .def_readwrite("layers_per_stage", &engine::ParallelLayout::layers_per_stage)
+      .def_readwrite("zero", &engine::ParallelLayout::zero)
+      .def_property(
+          "offload", [](const engine::ParallelLayout& l) { return std::string(dp::offload_name(l.offload)); },
+          [](engine::ParallelLayout& l, const std::string& text) { l.offload = dp::parse_offload(text); },
+          "\"none\", \"optimizer\" or \"optimizer+params\"")
+      .def_readwrite("recompute", &engine::ParallelLayout::recompute)
+      .def_property_readonly("num_stages", &engine::ParallelLayout::num_stages)
+      .def("resolved", &engine::ParallelLayout::resolved, py::arg("world_size"),
+           "A copy with dp and num_micro (when 0) filled in for the world.")
+      .def("validate", &engine::ParallelLayout::validate, py::arg("world_size"),
            "Raises torus.InvalidArgument naming the problem.")
-      .def("describe", &train::ParallelLayout::describe, "\"tp=2 pp=2 dp=2, 1f1b, m=4\"")
+      .def("mesh_dims", &engine::ParallelLayout::mesh_dims, "[(\"pp\", n), (\"dp\", n), (\"ep\", n), (\"tp\", n)]")
+      .def("to_json", &engine::ParallelLayout::to_json)
+      .def_static(
+          "from_json", [](const std::string& text) { return engine::ParallelLayout{}.with_json(text); },
+          py::arg("text"), "A layout from its JSON (keys absent keep the defaults).")
+      .def("args", &engine::ParallelLayout::args, "The layout as torus-train arguments.")
+      .def("describe", &engine::ParallelLayout::describe, "\"tp=2 pp=2 dp=2, 1f1b, m=4\"")
+      .def(py::self == py::self)
       .def("__repr__",
-           [](const train::ParallelLayout& l) { return "<torus.train.ParallelLayout " + l.describe() + ">"; });
+           [](const engine::ParallelLayout& l) { return "<torus.train.ParallelLayout " + l.describe() + ">"; });
 
-  py::class_<train::OptimizerConfig>(m, "OptimizerConfig", "The trainer's optimizer and global-norm clipping.")
+  py::class_<engine::OptimizerConfig>(m, "OptimizerConfig", "The trainer's optimizer and global-norm clipping.")
       .def(py::init([](std::string name, double lr, double weight_decay, double beta1, double beta2, double eps,
                        double momentum, bool nesterov, double grad_clip) {
-             train::OptimizerConfig c;
+             engine::OptimizerConfig c;
              c.name = std::move(name);
              c.lr = lr;
              c.weight_decay = weight_decay;
@@ -150,77 +182,68 @@ void bind_layout(py::module_& m) {
            py::kw_only(), py::arg("name") = "adamw", py::arg("lr") = 3e-4, py::arg("weight_decay") = 0.1,
            py::arg("beta1") = 0.9, py::arg("beta2") = 0.95, py::arg("eps") = 1e-8, py::arg("momentum") = 0.0,
            py::arg("nesterov") = false, py::arg("grad_clip") = 1.0)
-      .def_readwrite("name", &train::OptimizerConfig::name, "sgd, adam or adamw")
-      .def_readwrite("momentum", &train::OptimizerConfig::momentum)
-      .def_readwrite("nesterov", &train::OptimizerConfig::nesterov)
-      .def_readwrite("lr", &train::OptimizerConfig::lr)
-      .def_readwrite("weight_decay", &train::OptimizerConfig::weight_decay)
-      .def_readwrite("beta1", &train::OptimizerConfig::beta1)
-      .def_readwrite("beta2", &train::OptimizerConfig::beta2)
-      .def_readwrite("eps", &train::OptimizerConfig::eps)
-      .def_readwrite("grad_clip", &train::OptimizerConfig::grad_clip, "max global L2 norm; 0: no clipping");
+      .def_readwrite("name", &engine::OptimizerConfig::name, "sgd, adam or adamw")
+      .def_readwrite("momentum", &engine::OptimizerConfig::momentum)
+      .def_readwrite("nesterov", &engine::OptimizerConfig::nesterov)
+      .def_readwrite("lr", &engine::OptimizerConfig::lr)
+      .def_readwrite("weight_decay", &engine::OptimizerConfig::weight_decay)
+      .def_readwrite("beta1", &engine::OptimizerConfig::beta1)
+      .def_readwrite("beta2", &engine::OptimizerConfig::beta2)
+      .def_readwrite("eps", &engine::OptimizerConfig::eps)
+      .def_readwrite("grad_clip", &engine::OptimizerConfig::grad_clip, "max global L2 norm; 0: no clipping");
 
-  py::class_<train::TrainerOptions>(m, "TrainerOptions")
+  py::class_<engine::TrainerOptions>(m, "TrainerOptions")
       .def(py::init([](int64_t bucket_cap_bytes, bool overlap_grad_sync, int recv_prefetch, bool record_trace,
-                       int zero_stage, const std::string& offload, int zero_prefetch) {
-             train::TrainerOptions o;
+                       int zero_prefetch) {
+             engine::TrainerOptions o;
              o.bucket_cap_bytes = bucket_cap_bytes;
              o.overlap_grad_sync = overlap_grad_sync;
              o.recv_prefetch = recv_prefetch;
              o.record_trace = record_trace;
-             o.zero_stage = zero_stage;
-             o.offload = dp::parse_offload(offload);
              o.zero_prefetch = zero_prefetch;
              return o;
            }),
            py::kw_only(), py::arg("bucket_cap_bytes") = int64_t{25} << 20, py::arg("overlap_grad_sync") = true,
-           py::arg("recv_prefetch") = 2, py::arg("record_trace") = false, py::arg("zero_stage") = 0,
-           py::arg("offload") = "none", py::arg("zero_prefetch") = 1,
-           "zero_stage: 0 (plain data parallelism), 1, 2 or 3 (ZeRO over dp); offload: \"none\", \"optimizer\" "
-           "or \"optimizer+params\"; zero_prefetch: ZeRO-3 blocks gathered ahead.")
-      .def_readwrite("bucket_cap_bytes", &train::TrainerOptions::bucket_cap_bytes)
-      .def_readwrite("overlap_grad_sync", &train::TrainerOptions::overlap_grad_sync)
-      .def_readwrite("recv_prefetch", &train::TrainerOptions::recv_prefetch)
-      .def_readwrite("record_trace", &train::TrainerOptions::record_trace)
-      .def_readwrite("zero_stage", &train::TrainerOptions::zero_stage)
-      .def_property(
-          "offload", [](const train::TrainerOptions& o) { return std::string(dp::offload_name(o.offload)); },
-          [](train::TrainerOptions& o, const std::string& text) { o.offload = dp::parse_offload(text); },
-          "\"none\", \"optimizer\" or \"optimizer+params\"")
-      .def_readwrite("zero_prefetch", &train::TrainerOptions::zero_prefetch);
+           py::arg("recv_prefetch") = 2, py::arg("record_trace") = false, py::arg("zero_prefetch") = 1,
+           "zero_prefetch: ZeRO-3 blocks gathered ahead (the ZeRO stage and offload are the layout's).")
+      .def_readwrite("bucket_cap_bytes", &engine::TrainerOptions::bucket_cap_bytes)
+      .def_readwrite("overlap_grad_sync", &engine::TrainerOptions::overlap_grad_sync)
+      .def_readwrite("recv_prefetch", &engine::TrainerOptions::recv_prefetch)
+      .def_readwrite("record_trace", &engine::TrainerOptions::record_trace)
+      .def_readwrite("zero_prefetch", &engine::TrainerOptions::zero_prefetch);
 
-  py::class_<train::MemoryEstimate>(m, "MemoryEstimate",
+  py::class_<engine::MemoryEstimate>(m, "MemoryEstimate",
                                     "Bytes a rank will keep, by kind (memory_plan.h, Note [Memory estimate]).")
-      .def_readonly("parameters", &train::MemoryEstimate::parameters)
-      .def_readonly("gradients", &train::MemoryEstimate::gradients)
-      .def_readonly("optimizer", &train::MemoryEstimate::optimizer)
-      .def_readonly("activations", &train::MemoryEstimate::activations)
-      .def_readonly("buffers", &train::MemoryEstimate::buffers)
-      .def_readonly("host_optimizer", &train::MemoryEstimate::host_optimizer)
-      .def_readonly("host_parameters", &train::MemoryEstimate::host_parameters)
-      .def("device_bytes", &train::MemoryEstimate::device_bytes)
-      .def("host_bytes", &train::MemoryEstimate::host_bytes)
-      .def("describe", &train::MemoryEstimate::describe)
+      .def_readonly("parameters", &engine::MemoryEstimate::parameters)
+      .def_readonly("gradients", &engine::MemoryEstimate::gradients)
+      .def_readonly("optimizer", &engine::MemoryEstimate::optimizer)
+      .def_readonly("activations", &engine::MemoryEstimate::activations)
+      .def_readonly("buffers", &engine::MemoryEstimate::buffers)
+      .def_readonly("host_optimizer", &engine::MemoryEstimate::host_optimizer)
+      .def_readonly("host_parameters", &engine::MemoryEstimate::host_parameters)
+      .def("device_bytes", &engine::MemoryEstimate::device_bytes)
+      .def("host_bytes", &engine::MemoryEstimate::host_bytes)
+      .def("describe", &engine::MemoryEstimate::describe)
       .def("__repr__",
-           [](const train::MemoryEstimate& e) { return "<torus.train.MemoryEstimate " + e.describe() + ">"; });
+           [](const engine::MemoryEstimate& e) { return "<torus.train.MemoryEstimate " + e.describe() + ">"; });
 
-  py::class_<train::StepStats>(m, "StepStats", "What one train_step did (the same on every rank, times aside).")
-      .def_readonly("step", &train::StepStats::step)
-      .def_readonly("loss", &train::StepStats::loss)
-      .def_readonly("grad_norm", &train::StepStats::grad_norm)
-      .def_readonly("clip_coefficient", &train::StepStats::clip_coefficient)
-      .def_readonly("skipped", &train::StepStats::skipped)
-      .def_readonly("seconds", &train::StepStats::seconds)
-      .def_readonly("pipeline_seconds", &train::StepStats::pipeline_seconds)
-      .def_readonly("sync_seconds", &train::StepStats::sync_seconds)
-      .def_readonly("tokens", &train::StepStats::tokens)
-      .def_readonly("peak_live", &train::StepStats::peak_live)
-      .def_readonly("loss_scale", &train::StepStats::loss_scale)
-      .def_readonly("overflow", &train::StepStats::overflow)
-      .def_readonly("skipped_steps", &train::StepStats::skipped_steps)
+  py::class_<engine::StepStats>(m, "StepStats", "What one train_step did (the same on every rank, times aside).")
+      .def_readonly("step", &engine::StepStats::step)
+      .def_readonly("loss", &engine::StepStats::loss)
+      .def_readonly("grad_norm", &engine::StepStats::grad_norm)
+      .def_readonly("clip_coefficient", &engine::StepStats::clip_coefficient)
+      .def_readonly("skipped", &engine::StepStats::skipped)
+      .def_readonly("seconds", &engine::StepStats::seconds)
+      .def_readonly("pipeline_seconds", &engine::StepStats::pipeline_seconds)
+      .def_readonly("sync_seconds", &engine::StepStats::sync_seconds)
+      .def_readonly("tokens", &engine::StepStats::tokens)
+      .def_readonly("peak_live", &engine::StepStats::peak_live)
+      .def_readonly("loss_scale", &engine::StepStats::loss_scale)
+      .def_readonly("overflow", &engine::StepStats::overflow)
+      .def_readonly("skipped_steps", &engine::StepStats::skipped_steps)
       .def_property_readonly(
           "routing",
-          [](const train::StepStats& s) {
+          [](const engine::StepStats& s) {
             py::list layers;
             for (const auto& l : s.routing.layers) {
               py::dict d;
@@ -237,15 +260,15 @@ void bind_layout(py::module_& m) {
             return layers;
           },
           "MoE models: the step's routing statistics, one dict per MoE layer (empty for a dense model)")
-      .def("__repr__", [](const train::StepStats& s) {
+      .def("__repr__", [](const engine::StepStats& s) {
         return "<torus.train.StepStats step " + std::to_string(s.step) + " loss " + std::to_string(s.loss) +
                " grad_norm " + std::to_string(s.grad_norm) + (s.skipped ? " skipped" : "") + ">";
       });
 }
 
 void bind_trainer(py::module_& m) {
-  using train::GPTTrainer;
-  using train::Trainer;
+  using engine::GPTTrainer;
+  using engine::Trainer;
   py::class_<Trainer, std::shared_ptr<Trainer>>(
       m, "Trainer", "The training engine over a model adapter (trainer.h); GPTTrainer is one over the GPT.")
       .def(
@@ -265,7 +288,7 @@ void bind_trainer(py::module_& m) {
       .def(
           "train_step_local",
           [](Trainer& t, const at::Tensor& rows, int64_t global_batch, double lr) {
-            train::LocalBatch b{unpy(rows), global_batch};
+            engine::LocalBatch b{unpy(rows), global_batch};
             py::gil_scoped_release release;
             return t.train_step(b, lr);
           },
@@ -275,7 +298,7 @@ void bind_trainer(py::module_& m) {
       .def(
           "evaluate_local",
           [](Trainer& t, const at::Tensor& rows, int64_t global_batch) {
-            train::LocalBatch b{unpy(rows), global_batch};
+            engine::LocalBatch b{unpy(rows), global_batch};
             py::gil_scoped_release release;
             return t.evaluate(b);
           },
@@ -340,15 +363,15 @@ void bind_trainer(py::module_& m) {
 
   py::class_<GPTTrainer, Trainer, std::shared_ptr<GPTTrainer>>(m, "GPTTrainer",
                                                                "The engine over the reference GPT (gpt_model.h).")
-      .def(py::init([](comm::ProcessGroupPtr world, const py::object& config, train::ParallelLayout layout,
-                       train::OptimizerConfig optim, train::TrainerOptions options) {
+      .def(py::init([](comm::ProcessGroupPtr world, const py::object& config, engine::ParallelLayout layout,
+                       engine::OptimizerConfig optim, engine::TrainerOptions options) {
              models::GPTConfig native = native_config(config);
              py::gil_scoped_release release;
              return std::make_shared<GPTTrainer>(std::move(world), std::move(native), std::move(layout), optim,
                                                  options);
            }),
-           py::arg("world"), py::arg("config"), py::arg("layout"), py::arg("optim") = train::OptimizerConfig{},
-           py::arg("options") = train::TrainerOptions{},
+           py::arg("world"), py::arg("config"), py::arg("layout"), py::arg("optim") = engine::OptimizerConfig{},
+           py::arg("options") = engine::TrainerOptions{},
            "Collective over world. config: torus.models.GPTConfig (or the native one).")
       .def_property_readonly("model_config", &GPTTrainer::model_config);
 }
@@ -372,28 +395,29 @@ std::vector<std::string> kwargs_to_flags(const py::kwargs& kwargs) {
 }
 
 void bind_loop(py::module_& m) {
-  py::class_<train::RunConfig>(m, "RunConfig",
+  py::class_<run::RunConfig>(m, "RunConfig",
                                "Every option of a training run (run_config.h); keywords are the options of "
                                "torus-train with dashes written as underscores.")
       .def(py::init([](const py::kwargs& kwargs) {
-             train::RunConfig c;
-             train::parse_run_config(kwargs_to_flags(kwargs), c);
+             run::RunConfig c;
+             run::parse_run_config(kwargs_to_flags(kwargs), c);
              return c;
            }),
            "RunConfig(tp=2, pp=2, precision=\"bf16\", ...): parsed by the same table as the command line.")
       .def_static(
           "from_args",
           [](const std::vector<std::string>& args) -> py::object {
-            train::RunConfig c;
-            if (train::parse_run_config(args, c) == train::ParseOutcome::kHelp) return py::none();
+            run::RunConfig c;
+            if (run::parse_run_config(args, c) == run::ParseOutcome::kHelp) return py::none();
             return py::cast(c);
           },
           py::arg("args"), "Parses command-line flags (config files included); None for --help.")
-      .def("validate", &train::RunConfig::validate)
-      .def("to_json", &train::RunConfig::to_json)
-      .def("values", &train::RunConfig::values, "(name, text) of every option, in table order.")
+      .def_readwrite("layout", &run::RunConfig::layout, "the run's layout (ParallelLayout; its fields are options too)")
+      .def("validate", &run::RunConfig::validate)
+      .def("to_json", &run::RunConfig::to_json)
+      .def("values", &run::RunConfig::values, "(name, text) of every option, in table order.")
       .def("__getattr__",
-           [](const train::RunConfig& c, const std::string& name) -> py::object {
+           [](const run::RunConfig& c, const std::string& name) -> py::object {
              std::string dashed = name;
              for (char& ch : dashed) {
                if (ch == '_') ch = '-';
@@ -402,42 +426,47 @@ void bind_loop(py::module_& m) {
              if (!values.contains(py::str(dashed))) throw py::attribute_error("RunConfig has no option '" + name + "'");
              return values[py::str(dashed)];
            })
-      .def("__repr__", [](const train::RunConfig& c) { return "<torus.train.RunConfig " + c.to_json() + ">"; });
-  m.def("run_config_help", &train::run_config_help, py::arg("program"), py::arg("description") = "");
-  m.def("run_option_names", &train::run_option_names);
+      .def("__repr__", [](const run::RunConfig& c) { return "<torus.train.RunConfig " + c.to_json() + ">"; });
+  m.def("run_config_help", &run::run_config_help, py::arg("program"), py::arg("description") = "");
+  m.def("run_option_names", &run::run_option_names);
 
-  py::class_<train::StepRecord>(m, "StepRecord", "One step of a TrainLoop (its metrics record).")
-      .def_readonly("step", &train::StepRecord::step)
-      .def_readonly("loss", &train::StepRecord::loss)
-      .def_readonly("val_loss", &train::StepRecord::val_loss)
-      .def_readonly("grad_norm", &train::StepRecord::grad_norm)
-      .def_readonly("clip", &train::StepRecord::clip)
-      .def_readonly("lr", &train::StepRecord::lr)
-      .def_readonly("tokens_per_s", &train::StepRecord::tokens_per_s)
-      .def_readonly("mfu", &train::StepRecord::mfu)
-      .def_readonly("mem_bytes", &train::StepRecord::mem_bytes)
-      .def_readonly("step_s", &train::StepRecord::step_s)
-      .def_readonly("skipped", &train::StepRecord::skipped)
-      .def_readonly("skipped_steps", &train::StepRecord::skipped_steps)
-      .def_readonly("loss_scale", &train::StepRecord::loss_scale);
+  py::class_<run::StepRecord>(m, "StepRecord", "One step of a TrainLoop (its metrics record).")
+      .def_readonly("step", &run::StepRecord::step)
+      .def_readonly("loss", &run::StepRecord::loss)
+      .def_readonly("val_loss", &run::StepRecord::val_loss)
+      .def_readonly("grad_norm", &run::StepRecord::grad_norm)
+      .def_readonly("clip", &run::StepRecord::clip)
+      .def_readonly("lr", &run::StepRecord::lr)
+      .def_readonly("tokens_per_s", &run::StepRecord::tokens_per_s)
+      .def_readonly("mfu", &run::StepRecord::mfu)
+      .def_readonly("mem_bytes", &run::StepRecord::mem_bytes)
+      .def_readonly("step_s", &run::StepRecord::step_s)
+      .def_readonly("skipped", &run::StepRecord::skipped)
+      .def_readonly("skipped_steps", &run::StepRecord::skipped_steps)
+      .def_readonly("loss_scale", &run::StepRecord::loss_scale);
 
-  py::class_<train::RunSummary>(m, "RunSummary")
-      .def_readonly("steps", &train::RunSummary::steps)
-      .def_readonly("wall_s", &train::RunSummary::wall_s)
-      .def_readonly("tokens_per_s", &train::RunSummary::tokens_per_s)
-      .def_readonly("first_loss", &train::RunSummary::first_loss)
-      .def_readonly("final_loss", &train::RunSummary::final_loss)
-      .def_readonly("final_val_loss", &train::RunSummary::final_val_loss)
-      .def_readonly("out_dir", &train::RunSummary::out_dir)
-      .def_readonly("peak_rss_bytes", &train::RunSummary::peak_rss_bytes, "this rank's peak resident set size")
-      .def_readonly("job_peak_rss_bytes", &train::RunSummary::job_peak_rss_bytes, "the sum of every rank's peak");
+  py::class_<run::RunSummary>(m, "RunSummary")
+      .def_readonly("steps", &run::RunSummary::steps)
+      .def_readonly("wall_s", &run::RunSummary::wall_s)
+      .def_readonly("tokens_per_s", &run::RunSummary::tokens_per_s)
+      .def_readonly("first_loss", &run::RunSummary::first_loss)
+      .def_readonly("final_loss", &run::RunSummary::final_loss)
+      .def_readonly("final_val_loss", &run::RunSummary::final_val_loss)
+      .def_readonly("out_dir", &run::RunSummary::out_dir)
+      .def_readonly("peak_rss_bytes", &run::RunSummary::peak_rss_bytes, "this rank's peak resident set size")
+      .def_readonly("job_peak_rss_bytes", &run::RunSummary::job_peak_rss_bytes, "the sum of every rank's peak");
 
-  py::class_<train::TrainLoop, std::shared_ptr<train::TrainLoop>>(
+  py::class_<run::TrainLoop, std::shared_ptr<run::TrainLoop>>(
       m, "TrainLoop", "The training loop of torus-train (train_loop.h). Lines go to sys.stdout.")
       .def(
-          py::init([](comm::ProcessGroupPtr world, train::RunConfig config, std::string program) {
+          py::init([](comm::ProcessGroupPtr world, run::RunConfig config, std::string program) {
             py::gil_scoped_release release;
-            auto loop = std::make_shared<train::TrainLoop>(std::move(world), std::move(config), std::move(program));
+            if (config.plan) {  // the planner above the run chooses the layout (plan/planner.h)
+              config.validate();
+              config.layout = plan::plan_layout(world, config);
+              config.plan = false;
+            }
+            auto loop = std::make_shared<run::TrainLoop>(std::move(world), std::move(config), std::move(program));
             loop->set_line_sink([](std::string_view line) {
               py::gil_scoped_acquire gil;
               py::module_::import("builtins").attr("print")(py::str(line.data(), line.size()), py::arg("flush") = true);
@@ -448,57 +477,57 @@ void bind_loop(py::module_& m) {
           "Collective: validates the config, loads the data, builds the engine, measures the peak.")
       .def(
           "on_step",
-          [](train::TrainLoop& loop, py::function fn) {
-            loop.on_step([fn](const train::StepRecord& r) {
+          [](run::TrainLoop& loop, py::function fn) {
+            loop.on_step([fn](const run::StepRecord& r) {
               py::gil_scoped_acquire gil;
               fn(r);
             });
           },
           py::arg("fn"), "fn(StepRecord) after every step, on every rank.")
-      .def("run", &train::TrainLoop::run, Release(), "Runs every step. Collective; releases the GIL.")
-      .def("trainer", &train::TrainLoop::trainer, py::return_value_policy::reference_internal)
-      .def_property_readonly("config", &train::TrainLoop::config)
-      .def_property_readonly("peak_flops", &train::TrainLoop::peak_flops)
-      .def_property_readonly("memory_estimate", &train::TrainLoop::memory_estimate,
+      .def("run", &run::TrainLoop::run, Release(), "Runs every step. Collective; releases the GIL.")
+      .def("trainer", &run::TrainLoop::trainer, py::return_value_policy::reference_internal)
+      .def_property_readonly("config", &run::TrainLoop::config)
+      .def_property_readonly("peak_flops", &run::TrainLoop::peak_flops)
+      .def_property_readonly("memory_estimate", &run::TrainLoop::memory_estimate,
                              "The memory pre-check's estimate per rank (a MemoryEstimate).");
 }
 
 void bind_data(py::module_& m) {
-  py::class_<train::LrSchedule>(m, "LrSchedule", "Linear warm-up, then cosine decay to a floor (lr_schedule.h).")
+  py::class_<run::LrSchedule>(m, "LrSchedule", "Linear warm-up, then cosine decay to a floor (lr_schedule.h).")
       .def(py::init([](double peak, double min, int64_t warmup_steps, int64_t total_steps) {
-             train::LrSchedule s{peak, min, warmup_steps, total_steps};
+             run::LrSchedule s{peak, min, warmup_steps, total_steps};
              s.validate();
              return s;
            }),
            py::arg("peak") = 3e-4, py::arg("min") = 3e-5, py::arg("warmup_steps") = 0, py::arg("total_steps") = 1)
-      .def_readwrite("peak", &train::LrSchedule::peak)
-      .def_readwrite("min", &train::LrSchedule::min)
-      .def_readwrite("warmup_steps", &train::LrSchedule::warmup_steps)
-      .def_readwrite("total_steps", &train::LrSchedule::total_steps)
-      .def("validate", &train::LrSchedule::validate)
-      .def("at", &train::LrSchedule::at, py::arg("step"), "The rate of 0-based step.")
-      .def("__call__", &train::LrSchedule::at, py::arg("step"));
+      .def_readwrite("peak", &run::LrSchedule::peak)
+      .def_readwrite("min", &run::LrSchedule::min)
+      .def_readwrite("warmup_steps", &run::LrSchedule::warmup_steps)
+      .def_readwrite("total_steps", &run::LrSchedule::total_steps)
+      .def("validate", &run::LrSchedule::validate)
+      .def("at", &run::LrSchedule::at, py::arg("step"), "The rate of 0-based step.")
+      .def("__call__", &run::LrSchedule::at, py::arg("step"));
 
-  py::class_<train::CorpusSplit>(m, "CorpusSplit", "Training part and the held-out end of a corpus (bytes).")
-      .def_property_readonly("train", [](const train::CorpusSplit& s) { return to_bytes(s.train); })
-      .def_property_readonly("val", [](const train::CorpusSplit& s) { return to_bytes(s.val); });
+  py::class_<run::CorpusSplit>(m, "CorpusSplit", "Training part and the held-out end of a corpus (bytes).")
+      .def_property_readonly("train", [](const run::CorpusSplit& s) { return to_bytes(s.train); })
+      .def_property_readonly("val", [](const run::CorpusSplit& s) { return to_bytes(s.val); });
 
-  py::class_<train::Corpus>(m, "Corpus", "A byte corpus: a file, or a directory of files joined by newlines.")
-      .def_static("load", &train::Corpus::load, py::arg("path"), Release(), "Reads a file or a directory.")
+  py::class_<run::Corpus>(m, "Corpus", "A byte corpus: a file, or a directory of files joined by newlines.")
+      .def_static("load", &run::Corpus::load, py::arg("path"), Release(), "Reads a file or a directory.")
       .def_static(
           "from_bytes",
           [](const py::buffer& data, std::string source) {
-            return train::Corpus::from_bytes(buffer_bytes(data), std::move(source));
+            return run::Corpus::from_bytes(buffer_bytes(data), std::move(source));
           },
           py::arg("data"), py::arg("source") = "<memory>")
       .def_property_readonly(
-          "data", [](const train::Corpus& c) { return to_bytes(c.bytes()); }, "The bytes (a copy).")
-      .def_property_readonly("source", &train::Corpus::source)
-      .def_property_readonly("files", &train::Corpus::files)
-      .def("__len__", &train::Corpus::size)
-      .def("split", &train::Corpus::split, py::arg("val_fraction"),
+          "data", [](const run::Corpus& c) { return to_bytes(c.bytes()); }, "The bytes (a copy).")
+      .def_property_readonly("source", &run::Corpus::source)
+      .def_property_readonly("files", &run::Corpus::files)
+      .def("__len__", &run::Corpus::size)
+      .def("split", &run::Corpus::split, py::arg("val_fraction"),
            "val: the last round(size * val_fraction) bytes; train: the rest.");
-  m.def("default_corpus_path", &train::default_corpus_path);
+  m.def("default_corpus_path", &run::default_corpus_path);
 
   py::class_<OwningSampler, std::shared_ptr<OwningSampler>>(
       m, "BatchSampler", "Deterministic windows of seq_len + 1 bytes (Note [Deterministic batches]); owns a copy.")
@@ -536,7 +565,7 @@ void bind_report(py::module_& m) {
       [](int64_t step, std::optional<double> loss, std::optional<double> val_loss, std::optional<double> grad_norm,
          std::optional<double> lr, std::optional<double> tokens_per_s, std::optional<double> mfu,
          std::optional<double> mem_bytes) {
-        train::StepLine s;
+        run::StepLine s;
         s.step = step;
         s.loss = loss.value_or(kNaN);
         s.val_loss = val_loss.value_or(kNaN);
@@ -545,67 +574,67 @@ void bind_report(py::module_& m) {
         s.tokens_per_s = tokens_per_s.value_or(kNaN);
         s.mfu = mfu.value_or(kNaN);
         s.mem_bytes = mem_bytes.value_or(kNaN);
-        return train::format_step_line(s);
+        return run::format_step_line(s);
       },
       py::arg("step"), py::kw_only(), py::arg("loss") = py::none(), py::arg("val_loss") = py::none(),
       py::arg("grad_norm") = py::none(), py::arg("lr") = py::none(), py::arg("tokens_per_s") = py::none(),
       py::arg("mfu") = py::none(), py::arg("mem_bytes") = py::none(),
       "\"step 40 | loss 2.31 | val 2.40 | grad_norm 0.82 | lr 3.0e-4 | 1520 tok/s | MFU 11% | mem 1.3 GiB\"; "
       "fields that are None or NaN are left out; mfu is a fraction.");
-  m.def("format_bytes", &train::format_bytes, py::arg("bytes"));
-  m.def("format_duration", &train::format_duration, py::arg("seconds"));
-  m.def("peak_rss_bytes", &train::peak_rss_bytes, "Peak resident set size of this process.");
-  m.def("current_rss_bytes", &train::current_rss_bytes);
-  m.def("render_progress", &train::ProgressBar::render, py::arg("done"), py::arg("total"), py::arg("tokens_per_s"),
+  m.def("format_bytes", &torus::format_bytes, py::arg("bytes"));
+  m.def("format_duration", &torus::format_duration, py::arg("seconds"));
+  m.def("peak_rss_bytes", &run::peak_rss_bytes, "Peak resident set size of this process.");
+  m.def("current_rss_bytes", &run::current_rss_bytes);
+  m.def("render_progress", &run::ProgressBar::render, py::arg("done"), py::arg("total"), py::arg("tokens_per_s"),
         py::arg("eta_s"), py::arg("width") = 30,
         "The text of one progress bar: \"[####....] 40/200 step | 1520 tok/s | eta 1m12s\".");
 }
 
 // torus._C.checkpoint (python/torus/checkpoint.py documents it).
 void bind_checkpoint(py::module_& m) {
-  using train::Trainer;
-  py::class_<train::Checkpointer, std::shared_ptr<train::Checkpointer>>(
-      m, "Checkpointer", "Saves a trainer's checkpoints (train/checkpointing.h). Collective.")
+  using engine::Trainer;
+  py::class_<engine::Checkpointer, std::shared_ptr<engine::Checkpointer>>(
+      m, "Checkpointer", "Saves a trainer's checkpoints (engine/checkpointing.h). Collective.")
       .def(py::init([](comm::ProcessGroupPtr world, std::shared_ptr<Trainer> trainer, const std::string& dir,
-                       int64_t every, int keep_last, bool async_save, double peer_timeout_s, int zero_stage,
+                       int64_t every, int keep_last, bool async_save, double peer_timeout_s,
                        const std::string& precision, const std::string& model, const std::string& data) {
-             train::CheckpointPolicy p;
+             engine::CheckpointPolicy p;
              p.dir = dir;
              p.every = every;
              p.keep_last = keep_last;
              p.async = async_save;
              p.peer_timeout_s = peer_timeout_s;
-             train::RunDescription d;
-             d.layout = train::layout_json(*trainer, zero_stage, precision);
+             engine::RunDescription d;
+             d.layout = engine::layout_json(*trainer, precision);
              d.model = model;
              d.data = data;
              py::gil_scoped_release release;
-             auto c = std::shared_ptr<train::Checkpointer>(new train::Checkpointer(world, *trainer, p, d),
-                                                           [trainer](train::Checkpointer* x) { delete x; });
+             auto c = std::shared_ptr<engine::Checkpointer>(new engine::Checkpointer(world, *trainer, p, d),
+                                                           [trainer](engine::Checkpointer* x) { delete x; });
              return c;
            }),
            py::arg("world"), py::arg("trainer"), py::arg("dir"), py::arg("every") = 0, py::arg("keep_last") = 0,
-           py::arg("async_save") = false, py::arg("peer_timeout_s") = 600.0, py::arg("zero_stage") = 0,
+           py::arg("async_save") = false, py::arg("peer_timeout_s") = 600.0,
            py::arg("precision") = "f32", py::arg("model") = "{}", py::arg("data") = "{}")
-      .def("save", &train::Checkpointer::save, py::arg("step"), py::arg("metrics") = "{}", Release(),
+      .def("save", &engine::Checkpointer::save, py::arg("step"), py::arg("metrics") = "{}", Release(),
            "Saves now (collective; async: returns after the snapshot).")
-      .def("after_step", &train::Checkpointer::after_step, py::arg("step"), py::arg("last"), py::arg("metrics") = "{}",
+      .def("after_step", &engine::Checkpointer::after_step, py::arg("step"), py::arg("last"), py::arg("metrics") = "{}",
            Release())
-      .def("wait", &train::Checkpointer::wait, Release(),
+      .def("wait", &engine::Checkpointer::wait, Release(),
            "Waits for a background save and agrees on its success (collective).")
-      .def_property_readonly("last_stall_s", &train::Checkpointer::last_stall_s)
-      .def_property_readonly("last_save_s", &train::Checkpointer::last_save_s)
-      .def_property_readonly("last_path", &train::Checkpointer::last_path)
-      .def_property_readonly("run_id", &train::Checkpointer::run_id);
+      .def_property_readonly("last_stall_s", &engine::Checkpointer::last_stall_s)
+      .def_property_readonly("last_save_s", &engine::Checkpointer::last_save_s)
+      .def_property_readonly("last_path", &engine::Checkpointer::last_path)
+      .def_property_readonly("run_id", &engine::Checkpointer::run_id);
 
   m.def(
       "resume",
       [](const comm::ProcessGroupPtr& world, Trainer& trainer, const std::string& spec, const std::string& dir,
-         int zero_stage, const std::string& precision) {
-        train::LoadReport r;
+         const std::string& precision) {
+        engine::LoadReport r;
         {
           py::gil_scoped_release release;
-          r = train::resume(world, trainer, spec, dir, train::layout_json(trainer, zero_stage, precision));
+          r = engine::resume(world, trainer, spec, dir, engine::layout_json(trainer, precision));
         }
         py::dict d;
         d["path"] = r.path;
@@ -614,7 +643,7 @@ void bind_checkpoint(py::module_& m) {
         d["kept"] = r.kept;
         return d;
       },
-      py::arg("world"), py::arg("trainer"), py::arg("spec"), py::arg("dir") = "", py::arg("zero_stage") = 0,
+      py::arg("world"), py::arg("trainer"), py::arg("spec"), py::arg("dir") = "",
       py::arg("precision") = "f32",
       "Loads a checkpoint into the trainer in any layout (collective); spec: 'auto' or a path.");
   m.def(

@@ -20,8 +20,9 @@ ZeRO and the memory pre-check are options like any other:
 state over dp and keeps the optimizer state in host memory; the loop
 refuses to start a run whose memory estimate (``loop.memory_estimate``, a
 ``MemoryEstimate``) exceeds what a rank has, unless ``force=True``.
-``TrainerOptions(zero_stage=3, offload="optimizer+params", zero_prefetch=1)``
-is the same for the engine alone.
+``ParallelLayout(dp=4, zero=3, offload="optimizer+params")`` is the same
+for the engine alone (the layout is one value, ``ParallelLayout``, whatever
+describes it: ``RunConfig.layout``, a plan, a checkpoint's manifest).
 
 Checkpoints are options too: ``RunConfig(save_every=50, keep_last=3,
 async_save=True)`` saves sharded, verified checkpoints under

@@ -18,11 +18,12 @@
 #include "core/log.h"
 #include "torus/core/error.h"
 #include "torus/parallel/pipeline/schedule.h"
-#include "torus/train/memory_plan.h"
-#include "torus/train/metrics.h"
-#include "torus/train/model.h"
-#include "torus/train/peak_flops.h"
-#include "torus/train/train_loop.h"
+#include "torus/engine/memory_plan.h"
+#include "torus/run/metrics.h"
+#include "torus/engine/model.h"
+#include "torus/run/peak_flops.h"
+#include "torus/run/train_loop.h"
+#include "torus/run/registry.h"
 
 namespace torus::plan {
 namespace {
@@ -31,15 +32,15 @@ using Json = nlohmann::json;
 
 // What the cost model reads of the model, once per recompute policy.
 struct ModelFacts {
-  std::shared_ptr<train::Model> model;
+  std::shared_ptr<engine::Model> model;
   int64_t layers = 0, hidden = 0, heads = 0, vocab = 0, moe_blocks = 0, top_k = 0;
   double flops_per_token = 0;
   int64_t num_parameters = 0;
 };
 
-ModelFacts facts_of(const train::RunConfig& c) {
+ModelFacts facts_of(const run::RunConfig& c) {
   ModelFacts f;
-  f.model = train::make_model(c);
+  f.model = run::make_model(c);
   const Json j = Json::parse(f.model->config_json());
   f.layers = j.value("num_layers", int64_t{0});
   f.hidden = j.value("hidden", int64_t{0});
@@ -61,7 +62,7 @@ std::vector<int> divisors(int64_t n) {
   return out;
 }
 
-double act_bytes_of(const train::RunConfig& c) {
+double act_bytes_of(const run::RunConfig& c) {
   if (c.precision == "f32") return c.autocast ? 2.0 : 4.0;
   if (c.precision == "f64") return 8.0;
   return 2.0;
@@ -78,7 +79,7 @@ Link link_of(const Hardware& hw, int nodes, int64_t stride, int64_t size) {
   return {hw.intra_node_bw, hw.intra_latency};
 }
 
-MemoryBreakdown breakdown_of(const train::MemoryEstimate& e) {
+MemoryBreakdown breakdown_of(const engine::MemoryEstimate& e) {
   MemoryBreakdown m;
   m.parameters = static_cast<double>(e.parameters);
   m.gradients = static_cast<double>(e.gradients);
@@ -91,13 +92,13 @@ MemoryBreakdown breakdown_of(const train::MemoryEstimate& e) {
 }
 
 // Everything about one layout (Note [Planner model]); `c` carries it.
-Candidate evaluate(const PlanRequest& req, const ModelFacts& f, const train::RunConfig& c, int64_t devices) {
+Candidate evaluate(const PlanRequest& req, const ModelFacts& f, const run::RunConfig& c, int64_t devices) {
   const Hardware& hw = req.hardware;
   Candidate k;
   k.config = c;
-  const train::ParallelLayout l = train::run_layout(c, static_cast<int>(devices));
+  const engine::ParallelLayout l = run::run_layout(c, static_cast<int>(devices));
   {
-    train::ModelLayout ml;
+    engine::ModelLayout ml;
     ml.tp = l.tp;
     ml.sequence_parallel = l.sequence_parallel;
     ml.num_stages = l.num_stages();
@@ -106,11 +107,11 @@ Candidate evaluate(const PlanRequest& req, const ModelFacts& f, const train::Run
     f.model->validate(ml);
     f.model->validate_sequence(c.seq, ml);
   }
-  const int64_t b = train::run_micro_batch_rows(c, l);
+  const int64_t b = run::run_micro_batch_rows(c, l);
   k.micro_batch_rows = b;
-  const train::TrainerOptions opts = train::run_trainer_options(c);
-  const train::OptimizerConfig optim = train::run_optimizer(c);
-  const train::MemoryEstimate e = train::estimate_memory(*f.model, l, opts, b, c.seq, optim);
+  const engine::TrainerOptions opts = run::run_trainer_options(c);
+  const engine::OptimizerConfig optim = run::run_optimizer(c);
+  const engine::MemoryEstimate e = engine::estimate_memory(*f.model, l, opts, b, c.seq, optim);
   k.memory = breakdown_of(e);
   const double device_budget = hw.device_memory * req.memory_fraction;
   const double host_budget = hw.devices_per_node > 0 ? hw.host_memory / hw.devices_per_node : 0;
@@ -118,17 +119,17 @@ Candidate evaluate(const PlanRequest& req, const ModelFacts& f, const train::Run
     // Device and host are one memory (a CPU run): everything counts.
     k.fits = k.memory.device() + k.memory.host() <= device_budget;
     if (!k.fits) {
-      k.why_not = fmt::format("needs {} per rank, {} usable", train::format_bytes(k.memory.device() + k.memory.host()),
-                              train::format_bytes(device_budget));
+      k.why_not = fmt::format("needs {} per rank, {} usable", torus::format_bytes(k.memory.device() + k.memory.host()),
+                              torus::format_bytes(device_budget));
     }
   } else {
     k.fits = k.memory.device() <= device_budget && k.memory.host() <= host_budget;
     if (k.memory.device() > device_budget) {
-      k.why_not = fmt::format("needs {} per device, {} usable", train::format_bytes(k.memory.device()),
-                              train::format_bytes(device_budget));
+      k.why_not = fmt::format("needs {} per device, {} usable", torus::format_bytes(k.memory.device()),
+                              torus::format_bytes(device_budget));
     } else if (!k.fits) {
       k.why_not = fmt::format("offload needs {} of host memory per device, {} available",
-                              train::format_bytes(k.memory.host()), train::format_bytes(host_budget));
+                              torus::format_bytes(k.memory.host()), torus::format_bytes(host_budget));
     }
   }
 
@@ -138,11 +139,11 @@ Candidate evaluate(const PlanRequest& req, const ModelFacts& f, const train::Run
   const double tokens = static_cast<double>(c.batch) * static_cast<double>(c.seq);
   const double model_flops = f.flops_per_token * tokens;
   const double h = static_cast<double>(f.hidden), s = static_cast<double>(c.seq), L = static_cast<double>(f.layers);
-  const bool full = c.recompute == "full";
+  const bool full = c.layout.recompute == "full";
   double recompute_flops = 0;
   if (full) {
     recompute_flops = (f.flops_per_token - 6.0 * static_cast<double>(f.vocab) * h) / 3.0 * tokens;
-  } else if (c.recompute == "selective") {
+  } else if (c.layout.recompute == "selective") {
     recompute_flops = 4.0 * L * s * h * tokens;  // the attention core's forward
   }
   const double D = static_cast<double>(devices);
@@ -178,7 +179,7 @@ Candidate evaluate(const PlanRequest& req, const ModelFacts& f, const train::Run
     const double share = static_cast<double>(N - 1) / N;
     double units = 0;  // bytes of Ψ moved, before the ring factor
     double collectives = 0;
-    switch (c.zero) {
+    switch (c.layout.zero) {
       case 0: units = 2 * G; collectives = 1; break;
       case 1: units = G + P; collectives = 2; break;
       case 2: units = m * G + P; collectives = m + 1; break;
@@ -197,7 +198,7 @@ Candidate evaluate(const PlanRequest& req, const ModelFacts& f, const train::Run
     k.ep_bytes = alltoalls * msg * static_cast<double>(f.top_k) * (l.ep - 1) / l.ep / l.tp;
     k.ep_s = k.ep_bytes / el.bw + alltoalls * el.latency;
   }
-  if (c.expert_tp && l.tp > 1 && f.moe_blocks > 0) {
+  if (c.layout.expert_tp && l.tp > 1 && f.moe_blocks > 0) {
     // Note [Expert tensor parallelism]: per MoE block and micro-batch, each
     // direction sends this rank's dispatched rows to the other tp ranks and
     // their partial outputs back (two uneven all-to-alls over tp), after an
@@ -209,7 +210,7 @@ Candidate evaluate(const PlanRequest& req, const ModelFacts& f, const train::Run
     k.tp_bytes += bytes;
     k.tp_s += bytes / tl.bw + exchanges * 1.5 * (t - 1) * tl.latency;
   }
-  if (c.offload != "none" && hw.host_link_bw > 0) {
+  if (c.layout.offload != dp::Offload::kNone && hw.host_link_bw > 0) {
     // Gradient shard down, parameter shard up, the CPU Adam pass over fp32
     // masters and moments (16 bytes a parameter, read and written).
     const double shard = static_cast<double>(f.num_parameters) / (l.tp * l.pp) / l.dp;
@@ -252,12 +253,15 @@ std::string count_str(double n) {
 }
 
 Json candidate_json(const Candidate& k) {
-  const train::RunConfig& c = k.config;
-  return Json{{"layout", k.layout()}, {"args", train::layout_args(c)},
-              {"tp", c.tp}, {"pp", c.pp}, {"dp", c.dp}, {"ep", c.ep}, {"sp", c.sp}, {"expert_tp", c.expert_tp},
-              {"schedule", c.schedule}, {"chunks", c.chunks}, {"zero", c.zero}, {"offload", c.offload},
-              {"recompute", c.recompute}, {"micro_batches", c.micro_batches},
-              {"micro_batch_rows", k.micro_batch_rows}, {"fits", k.fits}, {"why_not", k.why_not},
+  const parallel::Layout& l = k.config.layout;
+  Json mesh = Json::array();  // the names of the mesh's dimensions, each a key below
+  for (const parallel::LayoutField& f : parallel::layout_fields()) {
+    if (f.mesh) mesh.push_back(f.json_key());
+  }
+  Json j = {{"layout", k.layout()}, {"args", l.args()}, {"mesh", mesh}};
+  // Every field of the layout under its JSON key (parallel/layout.h).
+  for (auto& [key, value] : Json::parse(l.to_json()).items()) j[key] = value;
+  j.update(Json{{"micro_batch_rows", k.micro_batch_rows}, {"fits", k.fits}, {"why_not", k.why_not},
               {"memory_bytes", {{"parameters", k.memory.parameters}, {"gradients", k.memory.gradients},
                                 {"optimizer", k.memory.optimizer}, {"activations", k.memory.activations},
                                 {"buffers", k.memory.buffers}, {"device", k.memory.device()},
@@ -269,22 +273,26 @@ Json candidate_json(const Candidate& k) {
               {"bytes_sent_per_device", {{"tp", k.tp_bytes}, {"pp", k.pp_bytes}, {"dp", k.dp_bytes},
                                          {"ep", k.ep_bytes}}},
               {"bubble_fraction", k.bubble_fraction}, {"tokens_per_s", k.tokens_per_s},
-              {"model_tflops_per_device", k.model_tflops_per_device}, {"mfu", k.mfu}};
+              {"model_tflops_per_device", k.model_tflops_per_device}, {"mfu", k.mfu}});
+  return j;
 }
 
 }  // namespace
 
 std::string Candidate::layout() const {
-  const train::RunConfig& c = config;
-  std::string s = fmt::format("tp={} pp={} dp={}", c.tp, c.pp, c.dp);
-  if (c.ep > 1) s += fmt::format(" ep={}", c.ep);
-  if (c.sp) s += " sp";
-  if (c.expert_tp) s += " expert-tp";
-  s += fmt::format(" zero={}", c.zero);
-  if (c.offload != "none") s += " offload=" + c.offload;
-  s += " recompute=" + c.recompute;
-  if (c.pp > 1) s += " " + c.schedule + (c.chunks > 1 ? fmt::format(" v={}", c.chunks) : std::string());
-  s += fmt::format(" m={} b={}", c.micro_batches, micro_batch_rows);
+  const parallel::Layout& l = config.layout;
+  std::string s = fmt::format("tp={} pp={} dp={}", l.tp, l.pp, l.dp);
+  if (l.ep > 1) s += fmt::format(" ep={}", l.ep);
+  if (l.sequence_parallel) s += " sp";
+  if (l.expert_tp) s += " expert-tp";
+  s += fmt::format(" zero={}", l.zero);
+  if (l.offload != dp::Offload::kNone) s += " offload=" + std::string(dp::offload_name(l.offload));
+  s += " recompute=" + l.recompute;
+  if (l.pp > 1) {
+    s += " " + std::string(pp::schedule_kind_name(l.schedule)) +
+         (l.num_chunks > 1 ? fmt::format(" v={}", l.num_chunks) : std::string());
+  }
+  s += fmt::format(" m={} b={}", l.num_micro, micro_batch_rows);
   return s;
 }
 
@@ -311,21 +319,21 @@ Plan make_plan(const PlanRequest& request) {
   const std::vector<std::string> schedules = or_default(request.schedules, {"1f1b", "interleaved", "zb-h1"});
   const std::vector<int64_t> rows =
       request.micro_batch_rows.empty() ? std::vector<int64_t>{1, 2, 4, 8} : request.micro_batch_rows;
-  const train::RunConfig& base = request.run;
+  const run::RunConfig& base = request.run;
   const int64_t B = base.batch;
 
   // The model per recompute policy and, for MoE, with and without expert
   // tensor parallelism (its parameter shapes differ).
   const bool moe = base.moe_every > 0;
-  const std::vector<bool> expert_tps = moe ? std::vector<bool>{false, true} : std::vector<bool>{base.expert_tp};
+  const std::vector<bool> expert_tps = moe ? std::vector<bool>{false, true} : std::vector<bool>{base.layout.expert_tp};
   auto model_key = [](const std::string& rc, bool etp) { return rc + (etp ? "+expert-tp" : ""); };
   std::map<std::string, ModelFacts> models;
   std::vector<std::pair<std::string, bool>> model_choices;
   for (const std::string& rc : recomputes) {
     for (bool etp : expert_tps) {
-      train::RunConfig c = base;
-      c.recompute = rc;
-      c.expert_tp = etp;
+      run::RunConfig c = base;
+      c.layout.recompute = rc;
+      c.layout.expert_tp = etp;
       models.emplace(model_key(rc, etp), facts_of(c));
       model_choices.emplace_back(rc, etp);
     }
@@ -356,23 +364,24 @@ Plan make_plan(const PlanRequest& request) {
               for (const std::string& off : offloads) {
                 for (const auto& [rc, etp] : model_choices) {
                   if (etp && tp == 1) continue;  // expert TP splits over tp ranks
-                  train::RunConfig c = base;
-                  c.expert_tp = etp;
-                  c.tp = tp;
-                  c.pp = pp;
-                  c.dp = static_cast<int>(dp);
-                  c.ep = ep;
-                  c.sp = tp > 1;
-                  c.schedule = sched;
-                  c.chunks = chunks;
-                  c.zero = zero;
-                  c.offload = off;
-                  c.recompute = rc;
-                  c.micro_batches = static_cast<int>(m);
-                  c.stage_layers.clear();
+                  run::RunConfig c = base;
                   c.plan = false;
                   ++plan.evaluated;
                   try {
+                    parallel::Layout& l = c.layout;
+                    l = parallel::Layout{};
+                    l.expert_tp = etp;
+                    l.tp = tp;
+                    l.pp = pp;
+                    l.dp = static_cast<int>(dp);
+                    l.ep = ep;
+                    l.sequence_parallel = tp > 1;
+                    l.schedule = pp::schedule_kind_from_name(sched);
+                    l.num_chunks = chunks;
+                    l.zero = zero;
+                    l.offload = dp::parse_offload(off);
+                    l.recompute = rc;
+                    l.num_micro = static_cast<int>(m);
                     c.validate();
                     plan.candidates.push_back(evaluate(request, models.at(model_key(rc, etp)), c, D));
                   } catch (const InvalidArgument&) {
@@ -408,11 +417,11 @@ std::string explain(const Candidate& k, const Plan& plan) {
   const MemoryBreakdown& m = k.memory;
   std::string s = fmt::format("{}\n", k.layout());
   s += fmt::format("  memory per device: parameters {}, gradients {}, optimizer {}, activations {}, buffers {}: {}",
-                   train::format_bytes(m.parameters), train::format_bytes(m.gradients),
-                   train::format_bytes(m.optimizer), train::format_bytes(m.activations),
-                   train::format_bytes(m.buffers), train::format_bytes(m.device()));
-  if (m.host() > 0) s += fmt::format("; host (offload) {}", train::format_bytes(m.host()));
-  s += fmt::format(" of {} usable{}\n", train::format_bytes(plan.request.hardware.device_memory * plan.request.memory_fraction),
+                   torus::format_bytes(m.parameters), torus::format_bytes(m.gradients),
+                   torus::format_bytes(m.optimizer), torus::format_bytes(m.activations),
+                   torus::format_bytes(m.buffers), torus::format_bytes(m.device()));
+  if (m.host() > 0) s += fmt::format("; host (offload) {}", torus::format_bytes(m.host()));
+  s += fmt::format(" of {} usable{}\n", torus::format_bytes(plan.request.hardware.device_memory * plan.request.memory_fraction),
                    k.fits ? "" : " — does not fit: " + k.why_not);
   s += fmt::format("  compute {:.3f} s (+ recompute {:.3f} s) at {:.0f}% of {:.3g} TFLOP/s per device\n", k.compute_s,
                    k.recompute_s,
@@ -421,10 +430,10 @@ std::string explain(const Candidate& k, const Plan& plan) {
                                                                        : plan.request.hardware.peak_flops_16) /
                        1e12);
   s += fmt::format("  pipeline bubble {:.1f}% ({}): {:.3f} s\n", 100 * k.bubble_fraction,
-                   k.config.pp > 1 ? k.config.schedule : "no pipeline", k.bubble_s);
+                   k.config.layout.pp > 1 ? std::string(pp::schedule_kind_name(k.config.layout.schedule)) : std::string("no pipeline"), k.bubble_s);
   s += fmt::format("  tp {} sent, {:.3f} s; pp {}, {:.3f} s; dp (zero {}) {}, {:.3f} s; ep {}, {:.3f} s; offload {:.3f} s\n",
-                   train::format_bytes(k.tp_bytes), k.tp_s, train::format_bytes(k.pp_bytes), k.pp_s, k.config.zero,
-                   train::format_bytes(k.dp_bytes), k.dp_s, train::format_bytes(k.ep_bytes), k.ep_s, k.offload_s);
+                   torus::format_bytes(k.tp_bytes), k.tp_s, torus::format_bytes(k.pp_bytes), k.pp_s, k.config.layout.zero,
+                   torus::format_bytes(k.dp_bytes), k.dp_s, torus::format_bytes(k.ep_bytes), k.ep_s, k.offload_s);
   s += fmt::format("  step {:.3g} s: {:.0f} tokens/s, {:.3g} model TFLOP/s per device, MFU {:.1f}%\n", k.step_s,
                    k.tokens_per_s, k.model_tflops_per_device, 100 * k.mfu);
   return s;
@@ -488,19 +497,20 @@ std::string plan_json(const Plan& plan, int top) {
 std::vector<ZeroRow> zero_memory_table(int64_t psi, const std::vector<int64_t>& nds) {
   TORUS_CHECK(psi >= 1, InvalidArgument, "zero_memory_table: need >= 1 parameter, got {}", psi);
   std::vector<ZeroRow> out;
-  train::OptimizerConfig adam;
+  engine::OptimizerConfig adam;
   adam.name = "adam";
   for (int64_t nd : nds) {
     TORUS_CHECK(nd >= 1, InvalidArgument, "zero_memory_table: Nd must be >= 1, got {}", nd);
     ZeroRow row;
     row.nd = nd;
     for (int stage = 0; stage <= 3; ++stage) {
-      train::ParallelLayout l;
+      engine::ParallelLayout l;
       l.dp = static_cast<int>(nd);
-      train::TrainerOptions o;
-      o.zero_stage = stage;
+      l.num_micro = 1;
+      l.zero = stage;
+      engine::TrainerOptions o;
       o.grads_in_param_dtype = true;  // the paper's 2-byte gradients
-      const train::MemoryEstimate e = train::estimate_memory_from_shapes({}, psi, at::kBFloat16, l, o, adam);
+      const engine::MemoryEstimate e = engine::estimate_memory_from_shapes({}, psi, at::kBFloat16, l, o, adam);
       row.stage[stage] = static_cast<double>(e.parameters + e.gradients + e.optimizer + e.host_optimizer +
                                              e.host_parameters);  // model states
     }
@@ -513,14 +523,14 @@ Hardware measure_cpu_host(int ranks_per_node, const std::string& precision) {
   TORUS_CHECK(ranks_per_node >= 1, InvalidArgument, "planner: ranks per node must be >= 1, got {}", ranks_per_node);
   Hardware hw = *find_hardware("cpu");
   const int cores = static_cast<int>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN)));
-  const double f32 = train::measure_cpu_gemm_flops(at::kFloat, cores);
+  const double f32 = run::measure_cpu_gemm_flops(at::kFloat, cores);
   double f16 = f32;
-  if (precision == "bf16") f16 = std::max(f32, train::measure_cpu_gemm_flops(at::kBFloat16, cores));
-  if (precision == "fp16") f16 = std::max(f32, train::measure_cpu_gemm_flops(at::kHalf, cores));
+  if (precision == "bf16") f16 = std::max(f32, run::measure_cpu_gemm_flops(at::kBFloat16, cores));
+  if (precision == "fp16") f16 = std::max(f32, run::measure_cpu_gemm_flops(at::kHalf, cores));
   std::ifstream in("/proc/meminfo");
   std::stringstream text;
   text << in.rdbuf();
-  const int64_t avail = train::parse_mem_available(text.str());
+  const int64_t avail = engine::parse_mem_available(text.str());
   TORUS_CHECK(avail > 0, Error, "planner: no MemAvailable in /proc/meminfo");
   hw.devices_per_node = ranks_per_node;
   hw.device_memory = static_cast<double>(avail) / ranks_per_node;
@@ -531,7 +541,7 @@ Hardware measure_cpu_host(int ranks_per_node, const std::string& precision) {
                                ? fmt::format("the faster of f32 and {}", precision)
                                : std::string("f32");
   hw.description = fmt::format("this host: {} cores, {:.1f} GFLOP/s GEMM ({}), {} available, {} ranks", cores,
-                               std::max(f16, f32) / 1e9, gemm, train::format_bytes(static_cast<double>(avail)),
+                               std::max(f16, f32) / 1e9, gemm, torus::format_bytes(static_cast<double>(avail)),
                                ranks_per_node);
   return hw;
 }

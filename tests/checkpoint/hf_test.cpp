@@ -1,4 +1,4 @@
-// Hugging Face weights in and out (train/hf.h) and the memory-mapped reader
+// Hugging Face weights in and out (engine/hf.h) and the memory-mapped reader
 // (checkpoint/mapped_safetensors.h).
 //  np1: the mapped reader equals read_safetensors; sharded directories and
 //       corrupt indexes; config.json of both families (transformers 4 and 5
@@ -29,11 +29,13 @@
 #include "support/job_dir.h"
 #include "torus/checkpoint/checkpoint.h"
 #include "torus/checkpoint/mapped_safetensors.h"
-#include "torus/train/checkpointing.h"
-#include "torus/train/gpt_model.h"
-#include "torus/train/hf.h"
+#include "torus/engine/checkpointing.h"
+#include "torus/engine/gpt_model.h"
+#include "torus/engine/hf.h"
 
-namespace torus::train {
+namespace torus::train_test {
+using namespace torus::engine;  // NOLINT
+using namespace torus::run;     // NOLINT
 namespace {
 
 namespace fs = std::filesystem;
@@ -624,7 +626,7 @@ void load_in_layout(const std::string& name, ParallelLayout layout, TrainerOptio
 
 TEST(HfLayouts, TensorParallel) { load_in_layout("tp2", {.tp = 2}); }
 TEST(HfLayouts, PipelineTiedCopy) { load_in_layout("pp2", {.pp = 2, .num_micro = 2}); }
-TEST(HfLayouts, ZeroThree) { load_in_layout("zero3", {.dp = 2}, {.zero_stage = 3}); }
+TEST(HfLayouts, ZeroThree) { load_in_layout("zero3", {.dp = 2, .zero = 3}); }
 
 }  // namespace
-}  // namespace torus::train
+}  // namespace torus::train_test

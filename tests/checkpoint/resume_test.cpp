@@ -1,4 +1,4 @@
-// Checkpoints of whole training runs (train/checkpointing.h) through the
+// Checkpoints of whole training runs (engine/checkpointing.h) through the
 // training loop, under mpirun. The reference is always the uninterrupted
 // run in the same job: it saves every few steps, and the resumed runs start
 // from one of its checkpoints (or a checkpoint of a resumed run).
@@ -27,10 +27,12 @@
 #include "parallel/parallel_test_util.h"
 #include "support/job_dir.h"
 #include "torus/checkpoint/checkpoint.h"
-#include "torus/train/checkpointing.h"
-#include "torus/train/train_loop.h"
+#include "torus/engine/checkpointing.h"
+#include "torus/run/train_loop.h"
 
-namespace torus::train {
+namespace torus::train_test {
+using namespace torus::engine;  // NOLINT
+using namespace torus::run;     // NOLINT
 namespace {
 
 namespace fs = std::filesystem;
@@ -45,7 +47,7 @@ RunConfig tiny(const std::string& out) {
   c.heads = 2;
   c.seq = 16;
   c.batch = 8;
-  c.micro_batches = 2;
+  c.layout.num_micro = 2;
   c.steps = 6;
   c.warmup = 2;
   c.lr = 3e-3;
@@ -252,14 +254,14 @@ void same_layout_case(const std::string& name, RunConfig c) {
 TEST(Resume, SameLayoutIsBitIdentical) {
   ASSERT_EQ(world()->size(), 4) << "an np4 case (tests.cmake runs each on its world size)";
   RunConfig c = tiny("");
-  c.pp = 2;
+  c.layout.pp = 2;
   c.dropout = 0.1;
   same_layout_case("1f1b_dropout", c);
-  c.schedule = "zb-h1";
-  c.zero = 1;
+  c.layout.schedule = pp::ScheduleKind::kZeroBubbleH1;
+  c.layout.zero = 1;
   same_layout_case("zbh1_dropout_zero1", c);
   RunConfig h = tiny("");
-  h.pp = 2;
+  h.layout.pp = 2;
   h.precision = "fp16";
   h.initial_loss_scale = 16777216;  // the largest: it may overflow first; the scaler's state matters
   h.loss_scale_window = 2;
@@ -324,4 +326,4 @@ TEST(Reshard, AcrossLayoutsAndZeroStages) {
 }
 
 }  // namespace
-}  // namespace torus::train
+}  // namespace torus::train_test

@@ -26,9 +26,11 @@
 #include "torus/parallel/expert/moe.h"
 #include "torus/parallel/tensor/random.h"
 #include "torus/parallel/tensor/sharding.h"
-#include "torus/train/train_loop.h"
+#include "torus/run/train_loop.h"
 
-namespace torus::train {
+namespace torus::train_test {
+using namespace torus::engine;  // NOLINT
+using namespace torus::run;     // NOLINT
 namespace {
 
 namespace fs = std::filesystem;
@@ -43,7 +45,7 @@ RunConfig moe_config(const std::string& out, double capacity_factor) {
   c.heads = 4;
   c.seq = 16;
   c.batch = 8;
-  c.micro_batches = 2;
+  c.layout.num_micro = 2;
   c.steps = 20;
   c.warmup = 2;
   c.lr = 3e-3;
@@ -86,11 +88,11 @@ LoopRun run_loop(const comm::ProcessGroupPtr& group, const RunConfig& c) {
 // The single-process run of `c` (layout reset), on a group of this rank only.
 LoopRun reference(RunConfig c, const std::string& dir) {
   static comm::ProcessGroupPtr self = world()->split(world()->rank(), 0, "self");
-  c.tp = c.pp = c.ep = 1;
-  c.dp = 0;
-  c.sp = false;
-  c.zero = 0;
-  c.schedule = "1f1b";
+  c.layout.tp = c.layout.pp = c.layout.ep = 1;
+  c.layout.dp = 0;
+  c.layout.sequence_parallel = false;
+  c.layout.zero = 0;
+  c.layout.schedule = pp::ScheduleKind::k1F1B;
   c.out = dir + "/ref-" + std::to_string(world()->rank());
   return run_loop(self, c);
 }
@@ -167,13 +169,13 @@ void check_layouts(const std::vector<Layout>& layouts, int64_t batch = 8) {
     for (const Layout& l : layouts) {
       RunConfig c = base;
       c.out = dir + "/" + l.name + "-" + std::to_string(cf);
-      c.tp = l.tp;
-      c.pp = l.pp;
-      c.ep = l.ep;
-      c.sp = l.sp;
-      c.zero = l.zero;
-      c.schedule = l.schedule;
-      c.expert_tp = l.expert_tp;
+      c.layout.tp = l.tp;
+      c.layout.pp = l.pp;
+      c.layout.ep = l.ep;
+      c.layout.sequence_parallel = l.sp;
+      c.layout.zero = l.zero;
+      c.layout.schedule = pp::schedule_kind_from_name(l.schedule);
+      c.layout.expert_tp = l.expert_tp;
       expect_same(ref, run_loop(world(), c), fmt::format("{}, capacity factor {}", l.name, cf));
     }
   }
@@ -228,8 +230,8 @@ TEST(MoELayouts, ExpertTpSplitsTheExperts) {
 TEST(MoELayouts, ExpertTpNeedsDivisibleWidth) {
   ASSERT_EQ(world()->size(), 2);
   RunConfig c = moe_config(job_dir("bad-width"), 0.0);
-  c.tp = 2;
-  c.expert_tp = true;
+  c.layout.tp = 2;
+  c.layout.expert_tp = true;
   c.moe_ffn = 33;
   try {
     TrainLoop loop(world(), c, "test");
@@ -266,7 +268,7 @@ TEST(MoECheckpoint, SavedAtEp2ResumesAtEp4AndEp1) {
   ASSERT_EQ(world()->size(), 4);
   const std::string dir = job_dir("ckpt");
   RunConfig a = moe_config(dir + "/a", 1.0);
-  a.ep = 2;  // dp2 x ep2
+  a.layout.ep = 2;  // dp2 x ep2
   a.steps = 12;
   a.save_every = 6;
   const LoopRun ref = run_loop(world(), a);
@@ -274,7 +276,7 @@ TEST(MoECheckpoint, SavedAtEp2ResumesAtEp4AndEp1) {
   const std::string step6 = (fs::path(a.checkpoint_dir()) / "step-00000006").string();
   for (int ep : {4, 1}) {
     RunConfig b = a;
-    b.ep = ep;
+    b.layout.ep = ep;
     b.out = dir + "/ep" + std::to_string(ep);
     b.save_dir.clear();
     b.save_every = 0;
@@ -306,9 +308,9 @@ TEST(MoELayouts, ExpertTpUnderSgd) {
                           Layout{.tp = 4, .expert_tp = true, .name = "tp4 expert-tp sgd"}}) {
     RunConfig c = base;
     c.out = dir + "/" + l.name;
-    c.tp = l.tp;
-    c.ep = l.ep;
-    c.expert_tp = l.expert_tp;
+    c.layout.tp = l.tp;
+    c.layout.ep = l.ep;
+    c.layout.expert_tp = l.expert_tp;
     expect_same(ref, run_loop(world(), c), l.name);
   }
 }
@@ -321,9 +323,9 @@ TEST(MoECheckpoint, ExpertTpReshards) {
   ASSERT_EQ(world()->size(), 4);
   const std::string dir = job_dir("ckpt-etp");
   RunConfig a = moe_config(dir + "/a", 1.0);
-  a.tp = 2;
-  a.ep = 2;
-  a.expert_tp = true;
+  a.layout.tp = 2;
+  a.layout.ep = 2;
+  a.layout.expert_tp = true;
   a.steps = 12;
   a.save_every = 6;
   const LoopRun ref = run_loop(world(), a);
@@ -336,9 +338,9 @@ TEST(MoECheckpoint, ExpertTpReshards) {
   };
   for (const To& to : {To{1, 4, false, "ep4"}, To{2, 1, true, "tp2 dp2 expert-tp"}}) {
     RunConfig b = a;
-    b.tp = to.tp;
-    b.ep = to.ep;
-    b.expert_tp = to.expert_tp;
+    b.layout.tp = to.tp;
+    b.layout.ep = to.ep;
+    b.layout.expert_tp = to.expert_tp;
     b.out = dir + "/" + std::to_string(to.tp) + "-" + std::to_string(to.ep);
     b.save_dir.clear();
     b.save_every = 0;
@@ -354,4 +356,4 @@ TEST(MoECheckpoint, ExpertTpReshards) {
 }
 
 }  // namespace
-}  // namespace torus::train
+}  // namespace torus::train_test

@@ -460,7 +460,7 @@ ARGS = ["--tp", "8", "--pp", "2", "--dp", "1", "--ep", "1", "--sp", "--schedule"
 def plan_json(nodes=2, per_node=8, **best):
     b = {"layout": "tp=8 pp=2 dp=1", "tp": 8, "pp": 2, "dp": 1, "ep": 1, "sp": True, "schedule": "1f1b",
          "chunks": 1, "zero": 1, "offload": "none", "recompute": "selective", "micro_batches": 8, "fits": True,
-         "args": ARGS}
+         "args": ARGS, "mesh": ["tp", "pp", "dp", "ep"]}
     b.update(best)
     return {"request": {"nodes": nodes, "hardware": {"name": "h100-80gb", "devices_per_node": per_node}},
             "devices": nodes * per_node, "best": b}

@@ -18,9 +18,10 @@
 
 #include "parallel/parallel_test_util.h"
 #include "torus/parallel/tensor/sharding.h"
-#include "torus/train/llama_model.h"
-#include "torus/train/model.h"
-#include "torus/train/run_config.h"
+#include "torus/engine/llama_model.h"
+#include "torus/engine/model.h"
+#include "torus/run/run_config.h"
+#include "torus/run/registry.h"
 
 namespace torus::models {
 namespace {
@@ -266,34 +267,34 @@ TEST(Llama, ShardsAreSlicesOfTheSingleProcessWeights) {
 }
 
 TEST(LlamaModel, PresetsHaveTheirPublishedSizes) {
-  train::RunConfig rc;
+  run::RunConfig rc;
   rc.model = "llama-1b";
   rc.seq = 128;
-  auto m = train::make_model(rc);
+  auto m = run::make_model(rc);
   EXPECT_EQ(m->name(), "llama");
   EXPECT_EQ(m->num_parameters(), 1235814400);  // Llama 3.2 1B (tied embeddings)
   rc.model = "gpt2";
   // GPT-2 124M has 124,439,808 parameters; the GPT drops the 12 x 768 key
   // biases, which softmax ignores (Note [QKV layout]).
-  EXPECT_EQ(train::make_model(rc)->num_parameters(), 124439808 - 12 * 768);
+  EXPECT_EQ(run::make_model(rc)->num_parameters(), 124439808 - 12 * 768);
   rc.model = "gpt2-medium";
-  EXPECT_EQ(train::make_model(rc)->num_parameters(), 354823168 - 24 * 1024);
+  EXPECT_EQ(run::make_model(rc)->num_parameters(), 354823168 - 24 * 1024);
   rc.model = "llama-tiny";
   rc.layers = 3;  // an explicit option overrides the preset
-  auto tiny = train::make_model(rc);
+  auto tiny = run::make_model(rc);
   EXPECT_NE(tiny->describe().find("3 layers"), std::string::npos) << tiny->describe();
   EXPECT_NE(tiny->config_json().find("\"num_kv_heads\":2"), std::string::npos) << tiny->config_json();
   rc.model = "llama-7b";
-  EXPECT_THROW(train::make_model(rc), InvalidArgument);
+  EXPECT_THROW(run::make_model(rc), InvalidArgument);
   rc.model = "gpt";
   rc.layers = 0;
   rc.kv_heads = 2;
-  EXPECT_THROW(train::make_model(rc), InvalidArgument);  // a Llama option on a GPT
+  EXPECT_THROW(run::make_model(rc), InvalidArgument);  // a Llama option on a GPT
 }
 
 TEST(LlamaModel, FlopsPerTokenMatchAHandCount) {
   LlamaConfig c = test_config();
-  train::LlamaModel m(c);
+  engine::LlamaModel m(c);
   const double h = 32, L = 2, d = 8, q = 32, kv = 16, f = 64, v = 61, s = 16;
   const double want = 6 * (L * (h * q + 2 * h * kv + q * h + 3 * h * f) + v * h) + 12 * L * q * s;
   EXPECT_DOUBLE_EQ(m.flops_per_token(16), want);

@@ -36,3 +36,8 @@ target_link_libraries(torus_tp_half_tests PRIVATE torus_test_main torus)
 foreach(_np 1 2 4)
   torus_add_mpi_test(NAME tp_half_np${_np} TARGET torus_tp_half_tests NP ${_np} LABELS "parallel;amp" TIMEOUT 240)
 endforeach()
+
+# The layout value and its field table (LibTorch-free).
+add_executable(torus_layout_tests ${CMAKE_CURRENT_LIST_DIR}/layout_test.cpp)
+target_link_libraries(torus_layout_tests PRIVATE torus_test_main torus_base)
+torus_add_test(NAME layout TARGET torus_layout_tests LABELS "parallel")

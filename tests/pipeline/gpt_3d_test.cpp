@@ -24,10 +24,12 @@
 #include "torus/models/gpt.h"
 #include "torus/parallel/pipeline/partition.h"
 #include "torus/parallel/tensor/weight_grad.h"
-#include "torus/train/gpt_model.h"
-#include "torus/train/llama_model.h"
+#include "torus/engine/gpt_model.h"
+#include "torus/engine/llama_model.h"
 
-namespace torus::train {
+namespace torus::train_test {
+using namespace torus::engine;  // NOLINT
+using namespace torus::run;     // NOLINT
 namespace {
 
 using testing::world;
@@ -165,9 +167,9 @@ Trained parallel(const Config& config, std::shared_ptr<const Model> model, const
   optim.lr = kLr;
   optim.grad_clip = kClip;
   optim.eps = kEps;
-  TrainerOptions options;
-  options.zero_stage = c.zero;
-  Trainer trainer(group, std::move(model), c.layout, optim, options);
+  ParallelLayout layout = c.layout;
+  layout.zero = c.zero;
+  Trainer trainer(group, std::move(model), layout, optim, {});
   Trained out;
   for (int step = 0; step < kSteps; ++step) {
     StepStats st = trainer.train_step(batch(config, step));
@@ -426,4 +428,4 @@ TEST(GPTStageParts, BalancedAndExplicit) {
 }
 
 }  // namespace
-}  // namespace torus::train
+}  // namespace torus::train_test

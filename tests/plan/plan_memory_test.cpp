@@ -15,9 +15,10 @@
 #include "bench/common/live_bytes.h"
 #include "parallel/parallel_test_util.h"
 #include "torus/plan/planner.h"
-#include "torus/train/model.h"
-#include "torus/train/train_loop.h"
-#include "torus/train/trainer.h"
+#include "torus/engine/model.h"
+#include "torus/run/train_loop.h"
+#include "torus/engine/trainer.h"
+#include "torus/run/registry.h"
 
 namespace {
 
@@ -43,7 +44,7 @@ struct Case {
 };
 
 // Note [Known shortfalls]: the estimate (Note [Memory estimate],
-// train/memory_plan.h) under-counts these layouts by 11-18% on this model;
+// engine/memory_plan.h) under-counts these layouts by 11-18% on this model;
 // in each the state live at the update matches the estimate exactly, and
 // the excess is in forward/backward:
 //   - TP with SP in f32: activations 1.8x Korthikanti's formula (bf16 with
@@ -96,10 +97,10 @@ TEST(PlanMemory, PredictionWithinTenPercentOfLiveBytes) {
     std::printf("%-26s %12s %12s %8s\n", "layout", "predicted", "measured", "error");
   }
   for (const Case& k : cases) {
-    train::RunConfig cfg;
+    run::RunConfig cfg;
     std::vector<std::string> args = model;
     args.insert(args.end(), k.args.begin(), k.args.end());
-    train::parse_run_config(args, cfg);
+    run::parse_run_config(args, cfg);
     cfg.validate();
     plan::PlanRequest req;
     req.run = cfg;
@@ -110,9 +111,9 @@ TEST(PlanMemory, PredictionWithinTenPercentOfLiveBytes) {
     const int64_t before = counter().live();
     double peak = 0;
     {
-      const train::ParallelLayout layout = train::run_layout(cfg, world->size());
-      train::Trainer trainer(world, train::make_model(cfg), layout, train::run_optimizer(cfg),
-                             train::run_trainer_options(cfg));
+      const engine::ParallelLayout layout = run::run_layout(cfg, world->size());
+      engine::Trainer trainer(world, run::make_model(cfg), layout, run::run_optimizer(cfg),
+                             run::run_trainer_options(cfg));
       trainer.train_step(batch_of(0, cfg.batch, cfg.seq));
       double fb_peak = 0, at_update = 0;
       trainer.set_before_update([&] {

@@ -12,7 +12,7 @@
 #include "torus/core/error.h"
 #include "torus/plan/hardware.h"
 #include "torus/plan/planner.h"
-#include "torus/train/run_config.h"
+#include "torus/run/run_config.h"
 
 namespace {
 
@@ -124,14 +124,14 @@ TEST(Megatron, Sc21ConfigurationsFitAndTheirThroughputIsPredicted) {
       for (int64_t b : {1, 2, 4, 8}) {
         if (row.batch % (dp * b) != 0) continue;
         plan::PlanRequest one = req;
-        one.run.tp = row.tp;
-        one.run.pp = row.pp;
-        one.run.dp = dp;
-        one.run.sp = row.tp > 1;
-        one.run.schedule = row.pp > 1 ? sched : "1f1b";
-        one.run.chunks = row.pp > 1 && std::string(sched) == "interleaved" ? 2 : 1;
-        one.run.recompute = "full";
-        one.run.micro_batches = static_cast<int>(row.batch / (dp * b));
+        one.run.layout.tp = row.tp;
+        one.run.layout.pp = row.pp;
+        one.run.layout.dp = dp;
+        one.run.layout.sequence_parallel = row.tp > 1;
+        one.run.layout.schedule = pp::schedule_kind_from_name(row.pp > 1 ? sched : "1f1b");
+        one.run.layout.num_chunks = row.pp > 1 && std::string(sched) == "interleaved" ? 2 : 1;
+        one.run.layout.recompute = "full";
+        one.run.layout.num_micro = static_cast<int>(row.batch / (dp * b));
         try {
           const plan::Candidate c = plan::evaluate_layout(one);
           if (c.fits && (!found || c.step_s < published.step_s)) {
@@ -152,7 +152,7 @@ TEST(Megatron, Sc21ConfigurationsFitAndTheirThroughputIsPredicted) {
                              row.gpus / 1e12;
     std::printf("%-8s %-22s %-22s %10.0f %10.1f %7.2f %10.1f\n", row.name,
                 fmt::format("{}/{}/{}", row.tp, row.pp, dp).c_str(),
-                fmt::format("{}/{}/{}", best.config.tp, best.config.pp, best.config.dp).c_str(), row.tflops, pub_pred,
+                fmt::format("{}/{}/{}", best.config.layout.tp, best.config.layout.pp, best.config.layout.dp).c_str(), row.tflops, pub_pred,
                 pub_pred / row.tflops, best_pred);
     // The planner's choice is at least as fast as the published layout by
     // its own model, and that model's throughput for the published layout
@@ -177,9 +177,9 @@ TEST(Planner, RanksFittingLayoutsByStepTime) {
   bool seen_unfit = false;
   for (size_t i = 0; i < p.candidates.size(); ++i) {
     const plan::Candidate& c = p.candidates[i];
-    EXPECT_EQ(int64_t{c.config.tp} * c.config.pp * c.config.dp * c.config.ep, 16) << c.layout();
-    EXPECT_LE(c.config.tp, 8) << "TP stays inside a node";
-    EXPECT_EQ(c.micro_batch_rows * c.config.micro_batches * c.config.dp * c.config.ep, 256) << c.layout();
+    EXPECT_EQ(int64_t{c.config.layout.tp} * c.config.layout.pp * c.config.layout.dp * c.config.layout.ep, 16) << c.layout();
+    EXPECT_LE(c.config.layout.tp, 8) << "TP stays inside a node";
+    EXPECT_EQ(c.micro_batch_rows * c.config.layout.num_micro * c.config.layout.dp * c.config.layout.ep, 256) << c.layout();
     if (!c.fits) seen_unfit = true;
     EXPECT_FALSE(c.fits && seen_unfit) << "a fitting layout after one that does not fit";
     if (i > 0 && c.fits) EXPECT_GE(c.step_s, p.candidates[i - 1].step_s) << c.layout();
@@ -202,9 +202,9 @@ TEST(Planner, ShardsAModelThatDoesNotFitReplicated) {
   const plan::Plan p = plan::make_plan(req);
   ASSERT_NE(p.best(), nullptr);
   const plan::Candidate& b = *p.best();
-  EXPECT_TRUE(b.config.tp > 1 || b.config.pp > 1 || b.config.zero >= 1 || b.config.offload != "none") << b.layout();
+  EXPECT_TRUE(b.config.layout.tp > 1 || b.config.layout.pp > 1 || b.config.layout.zero >= 1 || b.config.layout.offload != dp::Offload::kNone) << b.layout();
   for (const plan::Candidate& c : p.candidates) {
-    if (c.config.tp == 1 && c.config.pp == 1 && c.config.zero == 0) {
+    if (c.config.layout.tp == 1 && c.config.layout.pp == 1 && c.config.layout.zero == 0) {
       EXPECT_FALSE(c.fits) << c.layout();
     }
   }
@@ -229,10 +229,10 @@ TEST(Planner, MixtureOfExpertsConsidersExpertParallelism) {
   const plan::Plan p = plan::make_plan(req);
   bool any_ep = false;
   for (const plan::Candidate& c : p.candidates) {
-    if (c.config.ep > 1) {
+    if (c.config.layout.ep > 1) {
       any_ep = true;
       EXPECT_GT(c.ep_bytes, 0) << c.layout();
-      EXPECT_EQ(8 % c.config.ep, 0);
+      EXPECT_EQ(8 % c.config.layout.ep, 0);
     }
   }
   EXPECT_TRUE(any_ep);
@@ -258,8 +258,8 @@ TEST(Planner, BadRequestsAreRefused) {
 }
 
 TEST(Planner, RunConfigKnowsThePlanOptions) {
-  train::RunConfig c;
-  train::parse_run_config(std::vector<std::string>{"--plan", "--plan-hardware", "a100-80gb"}, c);
+  run::RunConfig c;
+  run::parse_run_config(std::vector<std::string>{"--plan", "--plan-hardware", "a100-80gb"}, c);
   EXPECT_TRUE(c.plan);
   EXPECT_EQ(c.plan_hardware, "a100-80gb");
   EXPECT_NO_THROW(c.validate());

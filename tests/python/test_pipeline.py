@@ -490,9 +490,9 @@ def test_run_config_keywords_flags_and_config_files(tmp_path):
         train.RunConfig(zero=2, offload="optimizer+params").validate()
     with pytest.raises(torus.InvalidArgument, match="--zero must be 0, 1, 2 or 3"):
         train.RunConfig(zero=4).validate()
-    opts = train.TrainerOptions(zero_stage=2, offload="optimizer", zero_prefetch=0)
-    assert (opts.zero_stage, opts.offload, opts.zero_prefetch) == (2, "optimizer", 0)
+    opts = train.ParallelLayout(zero=2, offload="optimizer")
+    assert (opts.zero, opts.offload, train.TrainerOptions(zero_prefetch=0).zero_prefetch) == (2, "optimizer", 0)
     opts.offload = "optimizer+params"
     assert opts.offload == "optimizer+params"
     with pytest.raises(torus.InvalidArgument, match="none, optimizer, optimizer\\+params"):
-        train.TrainerOptions(offload="gpu")
+        train.ParallelLayout(offload="gpu")

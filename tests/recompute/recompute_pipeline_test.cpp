@@ -27,7 +27,7 @@
 
 #include "parallel/parallel_test_util.h"
 #include "torus/models/gpt.h"
-#include "torus/train/gpt_model.h"
+#include "torus/engine/gpt_model.h"
 
 namespace torus::recompute {
 namespace {
@@ -44,10 +44,10 @@ struct Trained {
   double max_update = 0;  // max |w_after - w_before| over every parameter, relative to max |w|
 };
 
-train::ParallelLayout layout_from_env() {
+engine::ParallelLayout layout_from_env() {
   const char* env = std::getenv("TORUS_TEST_SCHEDULE");
   const std::string name = env ? env : "1f1b";
-  train::ParallelLayout l;
+  engine::ParallelLayout l;
   l.pp = 2;
   l.num_micro = 4;
   l.schedule = pp::schedule_kind_from_name(name);
@@ -55,24 +55,24 @@ train::ParallelLayout layout_from_env() {
   return l;
 }
 
-Trained train_with(const Policy& policy, const train::ParallelLayout& layout) {
+Trained train_with(const Policy& policy, const engine::ParallelLayout& layout) {
   models::GPTConfig config = models::GPTConfig::tiny();
   config.num_layers = 4;
   config.dropout = 0.1;
   config.attention_dropout = 0.1;
   config.recompute = policy;
-  train::OptimizerConfig optim;
+  engine::OptimizerConfig optim;
   optim.lr = 0.05;
   optim.eps = 1.0;
   optim.weight_decay = 0;
   optim.grad_clip = 0;
-  train::GPTTrainer trainer(world(), config, layout, optim);
+  engine::GPTTrainer trainer(world(), config, layout, optim);
   Trained out;
   std::map<std::string, at::Tensor> before;  // copies: without TP the gathered tensors alias the parameters
   for (const auto& [name, w] : trainer.gather_local_parameters()) before[name] = w.detach().clone();
   for (int step = 0; step < kSteps; ++step) {
     at::Tensor data = testing::same_tokens({kBatch, config.max_seq_len + 1}, config.vocab_size, 500 + step);
-    const train::StepStats st = trainer.train_step(data);
+    const engine::StepStats st = trainer.train_step(data);
     EXPECT_FALSE(st.skipped);
     out.losses.push_back(st.loss);
     out.norms.push_back(st.grad_norm);
@@ -84,7 +84,7 @@ Trained train_with(const Policy& policy, const train::ParallelLayout& layout) {
 
 TEST(RecomputePipeline, EveryPolicyTrainsLikeNoRecompute) {
   ASSERT_EQ(world()->size(), 2);
-  const train::ParallelLayout layout = layout_from_env();
+  const engine::ParallelLayout layout = layout_from_env();
   const Trained ref = train_with(Policy::none(), layout);
   EXPECT_GT(ref.max_update, 1e-3) << "the steps barely move the weights: the comparison would be blind";
   for (const Policy& policy : {Policy::full(), Policy::every(2), Policy::every(3), Policy::selective()}) {

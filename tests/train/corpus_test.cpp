@@ -3,7 +3,7 @@
 // split sizes; BatchSampler: splitmix64 reference values, pinned offsets
 // (computed independently in Python), determinism, window bounds, row slices
 // and coverage.
-#include "torus/train/corpus.h"
+#include "torus/run/corpus.h"
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -19,7 +19,9 @@
 
 #include "torus/core/error.h"
 
-namespace torus::train {
+namespace torus::train_test {
+using namespace torus::engine;  // NOLINT
+using namespace torus::run;     // NOLINT
 namespace {
 namespace fs = std::filesystem;
 
@@ -224,4 +226,4 @@ TEST(BatchSampler, Errors) {
 }
 
 }  // namespace
-}  // namespace torus::train
+}  // namespace torus::train_test

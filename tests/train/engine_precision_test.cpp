@@ -17,10 +17,12 @@
 #include "parallel/parallel_test_util.h"
 #include "torus/core/error.h"
 #include "torus/models/gpt.h"
-#include "torus/train/gpt_model.h"
+#include "torus/engine/gpt_model.h"
 #include "train/engine_test_util.h"
 
-namespace torus::train {
+namespace torus::train_test {
+using namespace torus::engine;  // NOLINT
+using namespace torus::run;     // NOLINT
 namespace {
 
 using testing::world;
@@ -197,4 +199,4 @@ TEST(EngineState, LoadedTrainerContinuesIdentically) {
 }
 
 }  // namespace
-}  // namespace torus::train
+}  // namespace torus::train_test

@@ -6,12 +6,15 @@
 
 #include "torus/core/error.h"
 #include "torus/parallel/pipeline/schedule.h"
-#include "torus/train/gpt_model.h"
-#include "torus/train/model.h"
-#include "torus/train/peak_flops.h"
-#include "torus/train/run_config.h"
+#include "torus/engine/gpt_model.h"
+#include "torus/engine/model.h"
+#include "torus/run/peak_flops.h"
+#include "torus/run/run_config.h"
+#include "torus/run/registry.h"
 
-namespace torus::train {
+namespace torus::train_test {
+using namespace torus::engine;  // NOLINT
+using namespace torus::run;     // NOLINT
 namespace {
 
 // Multiply-adds of one token's forward, matmul by matmul, at sequence s:
@@ -155,4 +158,4 @@ TEST(GPTModel, StagesNamesTiesAndRngStreams) {
 }
 
 }  // namespace
-}  // namespace torus::train
+}  // namespace torus::train_test

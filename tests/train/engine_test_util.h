@@ -8,9 +8,9 @@
 #include <vector>
 
 #include "torus/models/gpt.h"
-#include "torus/train/corpus.h"
+#include "torus/run/corpus.h"
 
-namespace torus::train::testing_util {
+namespace torus::engine::testing_util {
 
 // 4 blocks, width 64, 4 heads, sequence up to 32, vocabulary 256.
 inline models::GPTConfig small_gpt(c10::ScalarType dtype = at::kFloat) {
@@ -34,4 +34,4 @@ inline at::Tensor batch_of(int64_t step, int64_t rows, int64_t seq, uint64_t see
       .clone();
 }
 
-}  // namespace torus::train::testing_util
+}  // namespace torus::engine::testing_util

@@ -17,10 +17,12 @@
 
 #include "parallel/parallel_test_util.h"
 #include "torus/core/error.h"
-#include "torus/train/gpt_model.h"
+#include "torus/engine/gpt_model.h"
 #include "train/engine_test_util.h"
 
-namespace torus::train {
+namespace torus::train_test {
+using namespace torus::engine;  // NOLINT
+using namespace torus::run;     // NOLINT
 namespace {
 
 using testing::world;
@@ -134,4 +136,4 @@ TEST(LocalBatch, WrongSizesAreRefused) {
 }
 
 }  // namespace
-}  // namespace torus::train
+}  // namespace torus::train_test

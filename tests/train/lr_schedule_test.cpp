@@ -1,7 +1,7 @@
 // LrSchedule against hand-computed values of its closed form: warm-up ramp,
 // cosine decay endpoints and midpoint, the floor after the run, the corner
 // cases W = 0, W = T - 1 and W = T, and validation errors.
-#include "torus/train/lr_schedule.h"
+#include "torus/run/lr_schedule.h"
 
 #include <gtest/gtest.h>
 
@@ -9,7 +9,9 @@
 
 #include "torus/core/error.h"
 
-namespace torus::train {
+namespace torus::train_test {
+using namespace torus::engine;  // NOLINT
+using namespace torus::run;     // NOLINT
 namespace {
 
 TEST(LrSchedule, WarmupThenCosineToMin) {
@@ -94,4 +96,4 @@ TEST(LrSchedule, ValidationErrors) {
 }
 
 }  // namespace
-}  // namespace torus::train
+}  // namespace torus::train_test

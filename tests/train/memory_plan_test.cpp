@@ -1,7 +1,7 @@
 // The memory estimate and pre-check (memory_plan.h, Note [Memory estimate])
 // against closed forms written here from the GPT's dimensions, and the
 // options TrainLoop builds the engine with (train_loop.h).
-#include "torus/train/memory_plan.h"
+#include "torus/engine/memory_plan.h"
 
 #include <gtest/gtest.h>
 
@@ -11,12 +11,15 @@
 #include "torus/core/error.h"
 #include "torus/parallel/data/zero.h"
 #include "torus/recompute/recompute.h"
-#include "torus/train/gpt_model.h"
-#include "torus/train/metrics.h"
-#include "torus/train/run_config.h"
-#include "torus/train/train_loop.h"
+#include "torus/engine/gpt_model.h"
+#include "torus/run/metrics.h"
+#include "torus/run/run_config.h"
+#include "torus/run/train_loop.h"
+#include "torus/run/registry.h"
 
-namespace torus::train {
+namespace torus::train_test {
+using namespace torus::engine;  // NOLINT
+using namespace torus::run;     // NOLINT
 namespace {
 
 // The test model: vocabulary 256, 64 positions, 4 blocks of width 64 with 4
@@ -63,18 +66,28 @@ ParallelLayout layout(int dp, int pp = 1, int tp = 1, bool sp = false) {
   return l;
 }
 
-TrainerOptions zero(int stage, dp::Offload offload = dp::Offload::kNone, int prefetch = 1) {
-  TrainerOptions o;
-  o.zero_stage = stage;
-  o.offload = offload;
-  o.zero_prefetch = prefetch;
-  return o;
+// ZeRO of an estimate: the layout's stage and offload, the options' prefetch.
+struct Zero {
+  int stage = 0;
+  dp::Offload offload = dp::Offload::kNone;
+  TrainerOptions options;
+};
+Zero zero(int stage, dp::Offload offload = dp::Offload::kNone, int prefetch = 1) {
+  Zero z{stage, offload, {}};
+  z.options.zero_prefetch = prefetch;
+  return z;
+}
+MemoryEstimate estimate(const Model& model, ParallelLayout l, const Zero& z, int64_t rows, int64_t seq,
+                        const OptimizerConfig& optim = {}) {
+  l.zero = z.stage;
+  l.offload = z.offload;
+  return estimate_memory(model, l, z.options, rows, seq, optim);
 }
 
 TEST(MemoryEstimate, ParameterCountIsTheModels) {
   const GPTModel model(gpt(at::kBFloat16));
   ASSERT_EQ(model.num_parameters(), kPsi);  // the hand count is the model's
-  const MemoryEstimate e = estimate_memory(model, layout(1), zero(0), kRows, kSeq);
+  const MemoryEstimate e = estimate(model, layout(1), zero(0), kRows, kSeq);
   EXPECT_EQ(e.parameters, 2 * kPsi);
 }
 
@@ -85,7 +98,7 @@ TEST(MemoryEstimate, ZeroStagesBf16Adam) {
   const int64_t act = L * kBlockAct16 + kLogits;  // 1F1B at pp = 1: one micro-batch alive
   for (int n : {2, 4}) {
     SCOPED_TRACE("N = " + std::to_string(n));
-    const MemoryEstimate s0 = estimate_memory(model, layout(n), zero(0), kRows, kSeq);
+    const MemoryEstimate s0 = estimate(model, layout(n), zero(0), kRows, kSeq);
     EXPECT_EQ(s0.parameters, 2 * kPsi);
     EXPECT_EQ(s0.gradients, 4 * kPsi);
     EXPECT_EQ(s0.optimizer, 12 * kPsi);
@@ -93,19 +106,19 @@ TEST(MemoryEstimate, ZeroStagesBf16Adam) {
     EXPECT_EQ(s0.buffers, 0);
     EXPECT_EQ(s0.host_bytes(), 0);
 
-    const MemoryEstimate s1 = estimate_memory(model, layout(n), zero(1), kRows, kSeq);
+    const MemoryEstimate s1 = estimate(model, layout(n), zero(1), kRows, kSeq);
     EXPECT_EQ(s1.parameters, 2 * kPsi);
     EXPECT_EQ(s1.gradients, 4 * kPsi);
     EXPECT_EQ(s1.optimizer, 12 * up(kPsi, n));
     EXPECT_EQ(s1.buffers, 4 * up(kPsi, n));  // the reduced f32 gradient shard beside the full gradient
 
-    const MemoryEstimate s2 = estimate_memory(model, layout(n), zero(2), kRows, kSeq);
+    const MemoryEstimate s2 = estimate(model, layout(n), zero(2), kRows, kSeq);
     EXPECT_EQ(s2.parameters, 2 * kPsi);
     EXPECT_EQ(s2.gradients, 4 * up(kPsi, n));
     EXPECT_EQ(s2.optimizer, 12 * up(kPsi, n));
     EXPECT_EQ(s2.buffers, 2 * 4 * kBlock);  // two transient f32 block gradient buffers
 
-    const MemoryEstimate s3 = estimate_memory(model, layout(n), zero(3), kRows, kSeq);
+    const MemoryEstimate s3 = estimate(model, layout(n), zero(3), kRows, kSeq);
     EXPECT_EQ(s3.parameters, 2 * up(L * kBlock, n) + 2 * kOutside);  // block shards; the rest stays gathered
     EXPECT_EQ(s3.gradients, 4 * up(kPsi, n));
     EXPECT_EQ(s3.optimizer, 12 * up(kPsi, n));
@@ -121,18 +134,18 @@ TEST(MemoryEstimate, ZeroStagesBf16Adam) {
     EXPECT_LT(s2.device_bytes(), s1.device_bytes());
     EXPECT_LT(s1.device_bytes(), s0.device_bytes());
 
-    const MemoryEstimate p3 = estimate_memory(model, layout(n), zero(3, dp::Offload::kNone, 3), kRows, kSeq);
+    const MemoryEstimate p3 = estimate(model, layout(n), zero(3, dp::Offload::kNone, 3), kRows, kSeq);
     EXPECT_EQ(p3.buffers, (1 + 3) * 2 * kBlock + 2 * 4 * kBlock);
   }
 }
 
 TEST(MemoryEstimate, Offload) {
   const GPTModel model(gpt(at::kBFloat16));
-  const MemoryEstimate o1 = estimate_memory(model, layout(4), zero(1, dp::Offload::kOptimizer), kRows, kSeq);
+  const MemoryEstimate o1 = estimate(model, layout(4), zero(1, dp::Offload::kOptimizer), kRows, kSeq);
   EXPECT_EQ(o1.optimizer, 0);
   EXPECT_EQ(o1.host_optimizer, 12 * up(kPsi, 4));
   EXPECT_EQ(o1.host_parameters, 0);
-  const MemoryEstimate o3 = estimate_memory(model, layout(4), zero(3, dp::Offload::kOptimizerAndParams), kRows, kSeq);
+  const MemoryEstimate o3 = estimate(model, layout(4), zero(3, dp::Offload::kOptimizerAndParams), kRows, kSeq);
   EXPECT_EQ(o3.optimizer, 0);
   EXPECT_EQ(o3.host_optimizer, 12 * up(kPsi, 4));
   EXPECT_EQ(o3.parameters, 2 * kOutside);
@@ -145,7 +158,7 @@ TEST(MemoryEstimate, Offload) {
 // the parameter dtype: G = 2.
 TEST(MemoryEstimate, DtypesAndOptimizers) {
   const GPTModel f32(gpt(at::kFloat));
-  const MemoryEstimate adam = estimate_memory(f32, layout(2), zero(0), kRows, kSeq);
+  const MemoryEstimate adam = estimate(f32, layout(2), zero(0), kRows, kSeq);
   EXPECT_EQ(adam.parameters, 4 * kPsi);
   EXPECT_EQ(adam.gradients, 4 * kPsi);
   EXPECT_EQ(adam.optimizer, 8 * kPsi);
@@ -153,19 +166,19 @@ TEST(MemoryEstimate, DtypesAndOptimizers) {
   OptimizerConfig sgd;
   sgd.name = "sgd";
   sgd.momentum = 0.9;
-  EXPECT_EQ(estimate_memory(f32, layout(2), zero(0), kRows, kSeq, sgd).optimizer, 4 * kPsi);
-  EXPECT_EQ(estimate_memory(f32, layout(2), zero(2), kRows, kSeq, sgd).optimizer, 4 * up(kPsi, 2));
+  EXPECT_EQ(estimate(f32, layout(2), zero(0), kRows, kSeq, sgd).optimizer, 4 * kPsi);
+  EXPECT_EQ(estimate(f32, layout(2), zero(2), kRows, kSeq, sgd).optimizer, 4 * up(kPsi, 2));
   sgd.momentum = 0;
-  EXPECT_EQ(estimate_memory(f32, layout(2), zero(0), kRows, kSeq, sgd).optimizer, 0);
+  EXPECT_EQ(estimate(f32, layout(2), zero(0), kRows, kSeq, sgd).optimizer, 0);
 
   const GPTModel bf16(gpt(at::kBFloat16));
-  TrainerOptions param_grads = zero(2);
-  param_grads.grads_in_param_dtype = true;
-  const MemoryEstimate g2 = estimate_memory(bf16, layout(4), param_grads, kRows, kSeq);
+  Zero param_grads = zero(2);
+  param_grads.options.grads_in_param_dtype = true;
+  const MemoryEstimate g2 = estimate(bf16, layout(4), param_grads, kRows, kSeq);
   EXPECT_EQ(g2.gradients, 2 * up(kPsi, 4));
   EXPECT_EQ(g2.buffers, 2 * 2 * kBlock);
   sgd.momentum = 0.9;
-  EXPECT_EQ(estimate_memory(bf16, layout(2), zero(0), kRows, kSeq, sgd).optimizer, 8 * kPsi);  // master + momentum
+  EXPECT_EQ(estimate(bf16, layout(2), zero(0), kRows, kSeq, sgd).optimizer, 8 * kPsi);  // master + momentum
 }
 
 // Tensor parallelism with SP: parameters and activations of a block / t;
@@ -173,11 +186,11 @@ TEST(MemoryEstimate, DtypesAndOptimizers) {
 TEST(MemoryEstimate, TensorParallelSequenceParallel) {
   const GPTModel model(gpt(at::kBFloat16));
   const int64_t psi = L * up(kBlock, 2) + (V * H / 2 + S * H) + 2 * H;
-  const MemoryEstimate e = estimate_memory(model, layout(2, 1, 2, true), zero(0), kRows, kSeq);
+  const MemoryEstimate e = estimate(model, layout(2, 1, 2, true), zero(0), kRows, kSeq);
   EXPECT_EQ(e.parameters, 2 * psi);
   EXPECT_EQ(e.activations, L * kBlockAct16 / 2 + kLogits / 2);
   // Without SP: s b h (10 + 24 / t + 5 a s / (h t)) = s b h (10 + 12 + 10).
-  const MemoryEstimate n = estimate_memory(model, layout(2, 1, 2, false), zero(0), kRows, kSeq);
+  const MemoryEstimate n = estimate(model, layout(2, 1, 2, false), zero(0), kRows, kSeq);
   EXPECT_EQ(n.activations, L * kSeq * kRows * H * 32 + kLogits / 2);
 }
 
@@ -194,14 +207,14 @@ TEST(MemoryEstimate, PipelineStagesAndRecompute) {
   const int64_t act0 = 2 * 2 * kBlockAct16;
   const int64_t act1 = 1 * 2 * kBlockAct16 + kLogits;
   const int64_t total0 = (2 + 4 + 12) * psi0 + act0, total1 = (2 + 4 + 12) * psi1 + act1;
-  const MemoryEstimate e = estimate_memory(model, l, zero(0), kRows, kSeq);
+  const MemoryEstimate e = estimate(model, l, zero(0), kRows, kSeq);
   ASSERT_NE(total0, total1);
   EXPECT_EQ(e.device_bytes(), std::max(total0, total1));
   EXPECT_EQ(e.activations, total0 > total1 ? act0 : act1);
 
   // GPipe keeps all 4 micro-batches on both.
   l.schedule = pp::ScheduleKind::kGPipe;
-  const MemoryEstimate g = estimate_memory(model, l, zero(0), kRows, kSeq);
+  const MemoryEstimate g = estimate(model, l, zero(0), kRows, kSeq);
   const int64_t g0 = 18 * psi0 + 4 * 2 * kBlockAct16, g1 = 18 * psi1 + 4 * (2 * kBlockAct16 + kLogits);
   EXPECT_EQ(g.device_bytes(), std::max(g0, g1));
 
@@ -210,18 +223,18 @@ TEST(MemoryEstimate, PipelineStagesAndRecompute) {
   models::GPTConfig full = gpt(at::kBFloat16);
   full.recompute = recompute::Policy::full();
   const GPTModel rmodel(full);
-  const MemoryEstimate r = estimate_memory(rmodel, layout(2), zero(0), kRows, kSeq);
+  const MemoryEstimate r = estimate(rmodel, layout(2), zero(0), kRows, kSeq);
   EXPECT_EQ(r.activations, L * 2 * kSeq * kRows * H + kBlockAct16 + kLogits);
   // Selective: without the attention term, 34 s b h per block.
   models::GPTConfig sel = gpt(at::kBFloat16);
   sel.recompute = recompute::Policy::selective();
-  EXPECT_EQ(estimate_memory(GPTModel(sel), layout(2), zero(0), kRows, kSeq).activations,
+  EXPECT_EQ(estimate(GPTModel(sel), layout(2), zero(0), kRows, kSeq).activations,
             L * 34 * kSeq * kRows * H + kLogits);
 }
 
 TEST(MemoryCheck, RefusesWhatDoesNotFitUnlessForced) {
   const GPTModel model(gpt(at::kBFloat16));
-  const MemoryEstimate e = estimate_memory(model, layout(2), zero(0), kRows, kSeq);
+  const MemoryEstimate e = estimate(model, layout(2), zero(0), kRows, kSeq);
   MemoryBudget fits{e.device_bytes(), e.device_bytes(), true};
   EXPECT_TRUE(check_memory(e, fits, false));
   MemoryBudget small{e.device_bytes() - 1, 1LL << 40, true};
@@ -239,7 +252,7 @@ TEST(MemoryCheck, RefusesWhatDoesNotFitUnlessForced) {
   EXPECT_FALSE(check_memory(e, small, true));  // --force: a warning only
 
   // A device budget: device bytes against the device, offloaded ones against the host.
-  const MemoryEstimate o = estimate_memory(model, layout(2), zero(1, dp::Offload::kOptimizer), kRows, kSeq);
+  const MemoryEstimate o = estimate(model, layout(2), zero(1, dp::Offload::kOptimizer), kRows, kSeq);
   EXPECT_TRUE(check_memory(o, MemoryBudget{o.device_bytes(), o.host_bytes(), false}, false));
   EXPECT_THROW(check_memory(o, MemoryBudget{o.device_bytes(), o.host_bytes() - 1, false}, false), InvalidArgument);
   EXPECT_THROW(check_memory(o, MemoryBudget{o.device_bytes() - 1, o.host_bytes(), false}, false), InvalidArgument);
@@ -256,10 +269,10 @@ TEST(MemoryCheck, PrecheckFromRunConfig) {
   c.heads = 4;
   c.seq = 64;
   c.batch = 16;
-  c.micro_batches = 4;
+  c.layout.num_micro = 4;
   c.precision = "bf16";
   const auto model = make_model(c);
-  const ParallelLayout l = run_layout(c, 2);  // dp = 2
+  ParallelLayout l = run_layout(c, 2);  // dp = 2
   EXPECT_EQ(l.dp, 2);
   EXPECT_EQ(run_micro_batch_rows(c, l), 2);
   const MemoryEstimate e = precheck_memory(c, *model, l, MemoryBudget{1LL << 40, 1LL << 40, true});
@@ -269,7 +282,8 @@ TEST(MemoryCheck, PrecheckFromRunConfig) {
   c.force = true;
   EXPECT_NO_THROW(precheck_memory(c, *model, l, tight));
   c.force = false;
-  c.zero = 1;
+  c.layout.zero = 1;
+  l = run_layout(c, 2);
   EXPECT_NO_THROW(precheck_memory(c, *model, l, tight));
 }
 
@@ -293,20 +307,20 @@ TEST(TrainLoopOptions, ZeroOptionsReachTheTrainer) {
                    c);
   c.validate();
   const TrainerOptions o = run_trainer_options(c);
-  EXPECT_EQ(o.zero_stage, 3);
-  EXPECT_EQ(o.offload, dp::Offload::kOptimizerAndParams);
+  EXPECT_EQ(run_layout(c, 1).zero, 3);
+  EXPECT_EQ(run_layout(c, 1).offload, dp::Offload::kOptimizerAndParams);
   EXPECT_EQ(o.zero_prefetch, 2);
   EXPECT_TRUE(o.grads_in_param_dtype);
   const TrainerOptions d = run_trainer_options(RunConfig{});
-  EXPECT_EQ(d.zero_stage, 0);
-  EXPECT_EQ(d.offload, dp::Offload::kNone);
+  EXPECT_EQ(run_layout(RunConfig{}, 1).zero, 0);
+  EXPECT_EQ(run_layout(RunConfig{}, 1).offload, dp::Offload::kNone);
   EXPECT_EQ(d.zero_prefetch, 1);
   c.optimizer = "sgd";
   c.momentum = 0.5;
   EXPECT_EQ(run_optimizer(c).name, "sgd");
   EXPECT_DOUBLE_EQ(run_optimizer(c).momentum, 0.5);
   EXPECT_EQ(run_layout(c, 3).dp, 3);  // dp 0: the rest of the world
-  c.tp = 2;
+  c.layout.tp = 2;
   EXPECT_THROW(run_layout(c, 3), InvalidArgument);  // tp 2 does not divide 3 ranks
 }
 
@@ -325,4 +339,4 @@ TEST(Offload, Names) {
 }
 
 }  // namespace
-}  // namespace torus::train
+}  // namespace torus::train_test

@@ -1,7 +1,7 @@
 // Metrics: the JSON Lines file (nlohmann-json records: order kept, NaN as
 // null, invalid UTF-8 replaced), the step line and its number formats, the progress bar (drawn only
 // when enabled; never on a non-terminal FILE*) and the RSS helpers.
-#include "torus/train/metrics.h"
+#include "torus/run/metrics.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -17,7 +17,9 @@
 
 #include "torus/core/error.h"
 
-namespace torus::train {
+namespace torus::train_test {
+using namespace torus::engine;  // NOLINT
+using namespace torus::run;     // NOLINT
 namespace {
 
 std::string read_all(const std::string& path) {
@@ -187,4 +189,4 @@ TEST(Memory, RssHelpers) {
 }
 
 }  // namespace
-}  // namespace torus::train
+}  // namespace torus::train_test

@@ -1,6 +1,6 @@
 // The option table of a training run (run_config.h): command-line forms,
 // config files and their precedence, errors, validation, the JSON record.
-#include "torus/train/run_config.h"
+#include "torus/run/run_config.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -13,7 +13,9 @@
 
 #include "torus/core/error.h"
 
-namespace torus::train {
+namespace torus::train_test {
+using namespace torus::engine;  // NOLINT
+using namespace torus::run;     // NOLINT
 namespace {
 
 RunConfig parse(std::vector<std::string> args) {
@@ -44,25 +46,40 @@ std::string temp_file(const std::string& text) {
 
 TEST(RunConfig, DefaultsAndForms) {
   const RunConfig d;
-  EXPECT_EQ(parse({}).tp, d.tp);
+  EXPECT_EQ(parse({}).layout.tp, d.layout.tp);
   const RunConfig c = parse({"--tp", "2", "--pp=4", "--lr", "3e-3", "--precision", "bf16", "--sp", "--no-tie-embeddings",
                              "--stage-layers", "3,1", "--recompute=every:2"});
-  EXPECT_EQ(c.tp, 2);
-  EXPECT_EQ(c.pp, 4);
+  EXPECT_EQ(c.layout.tp, 2);
+  EXPECT_EQ(c.layout.pp, 4);
   EXPECT_DOUBLE_EQ(c.lr, 3e-3);
   EXPECT_EQ(c.precision, "bf16");
-  EXPECT_TRUE(c.sp);
+  EXPECT_TRUE(c.layout.sequence_parallel);
   EXPECT_FALSE(c.tie_embeddings);
-  EXPECT_EQ(c.stage_layer_counts(), (std::vector<int64_t>{3, 1}));
-  EXPECT_EQ(c.recompute, "every:2");
+  EXPECT_EQ(c.layout.layers_per_stage, (std::vector<int64_t>{3, 1}));
+  EXPECT_EQ(c.layout.recompute, "every:2");
   // A dash and an underscore are the same; bools take values.
   const RunConfig u = parse({"--min_lr", "0.5e-4", "--micro_batches=8", "--sp=false", "--tensorboard=off"});
   EXPECT_DOUBLE_EQ(u.min_lr, 0.5e-4);
-  EXPECT_EQ(u.micro_batches, 8);
-  EXPECT_FALSE(u.sp);
+  EXPECT_EQ(u.layout.num_micro, 8);
+  EXPECT_FALSE(u.layout.sequence_parallel);
   EXPECT_FALSE(u.tensorboard);
   RunConfig h;
   EXPECT_EQ(parse_run_config(std::vector<std::string>{"--help"}, h), ParseOutcome::kHelp);
+}
+
+// A repeated option takes its last value (argparse's and torchrun's rule),
+// for plain options, bools and the layout's fields alike.
+TEST(RunConfig, RepeatedOptionTakesTheLast) {
+  EXPECT_EQ(parse({"--hidden", "96", "--steps", "3", "--hidden", "100"}).hidden, 100);
+  EXPECT_EQ(parse({"--tp", "2", "--tp=4"}).layout.tp, 4);
+  EXPECT_FALSE(parse({"--sp", "--no-sp"}).layout.sequence_parallel);
+  EXPECT_TRUE(parse({"--no-sp", "--sp"}).layout.sequence_parallel);
+  EXPECT_EQ(parse({"--zero", "1", "--zero", "3"}).layout.zero, 3);
+  EXPECT_EQ(parse_error({"--hidden", "96", "--hiden", "100"}), "unknown option '--hiden' (did you mean '--hidden'?)");
+  // The micro-batches default: 1 without a pipeline, enough to fill one otherwise.
+  EXPECT_EQ(parse({}).layout.resolved(2).num_micro, 1);
+  EXPECT_EQ(parse({"--pp", "2"}).layout.resolved(2).num_micro, 4);
+  EXPECT_EQ(parse({"--pp", "2", "--micro-batches", "2"}).layout.resolved(2).num_micro, 2);
 }
 
 TEST(RunConfig, ConfigFileThenFlags) {
@@ -74,8 +91,8 @@ TEST(RunConfig, ConfigFileThenFlags) {
   EXPECT_EQ(c.layers, 6);
   EXPECT_EQ(c.hidden, 96);
   EXPECT_DOUBLE_EQ(c.min_lr, 2e-5);
-  EXPECT_EQ(c.schedule, "zb-h1");
-  EXPECT_TRUE(c.sp);
+  EXPECT_EQ(c.layout.schedule, pp::ScheduleKind::kZeroBubbleH1);
+  EXPECT_TRUE(c.layout.sequence_parallel);
   EXPECT_EQ(c.steps, 12);
   std::remove(path.c_str());
 
@@ -92,12 +109,13 @@ TEST(RunConfig, ErrorsNameTheOption) {
   EXPECT_EQ(parse_error({"--zzzzzz"}), "unknown option '--zzzzzz'");
   EXPECT_NE(parse_error({"--lr"}).find("lr"), std::string::npos);
   EXPECT_NE(parse_error({"stray"}).find("stray"), std::string::npos);
+  EXPECT_NE(parse_error({"--stage-layers", "3,x"}).find("--stage-layers"), std::string::npos);
   // A failed parse leaves the destination as it was.
   RunConfig c;
-  c.tp = 7;
+  c.layout.tp = 7;
   EXPECT_THROW(parse_run_config(std::vector<std::string>{"--pp", "2", "--tp", "x"}, c), InvalidArgument);
-  EXPECT_EQ(c.tp, 7);
-  EXPECT_EQ(c.pp, 1);
+  EXPECT_EQ(c.layout.tp, 7);
+  EXPECT_EQ(c.layout.pp, 1);
 }
 
 TEST(RunConfig, Validate) {
@@ -114,11 +132,10 @@ TEST(RunConfig, Validate) {
   RunConfig().validate();
   invalid([](RunConfig& c) { c.precision = "f8"; }, "--precision");
   invalid([](RunConfig& c) { c.optimizer = "lamb"; }, "--optimizer");
-  invalid([](RunConfig& c) { c.recompute = "some"; }, "--recompute");
+  invalid([](RunConfig& c) { c.layout.recompute = "some"; }, "--recompute");
   invalid([](RunConfig& c) { c.warmup = 700; }, "--warmup");
   invalid([](RunConfig& c) { c.min_lr = 1; }, "--min-lr");
   invalid([](RunConfig& c) { c.dropout = 1; }, "--dropout");
-  invalid([](RunConfig& c) { c.stage_layers = "3,x"; }, "--stage-layers");
   invalid([](RunConfig& c) {
     c.autocast = true;
     c.precision = "bf16";
@@ -134,13 +151,13 @@ TEST(RunConfig, Validate) {
 // ZeRO, offload and the memory pre-check's --force.
 TEST(RunConfig, ZeroOffloadForce) {
   const RunConfig d;
-  EXPECT_EQ(d.zero, 0);
-  EXPECT_EQ(d.offload, "none");
+  EXPECT_EQ(d.layout.zero, 0);
+  EXPECT_EQ(dp::offload_name(d.layout.offload), "none");
   EXPECT_EQ(d.zero_prefetch, 1);
   EXPECT_FALSE(d.force);
   const RunConfig c = parse({"--zero", "3", "--offload=optimizer+params", "--zero_prefetch", "2", "--force"});
-  EXPECT_EQ(c.zero, 3);
-  EXPECT_EQ(c.offload, "optimizer+params");
+  EXPECT_EQ(c.layout.zero, 3);
+  EXPECT_EQ(dp::offload_name(c.layout.offload), "optimizer+params");
   EXPECT_EQ(c.zero_prefetch, 2);
   EXPECT_TRUE(c.force);
   c.validate();
@@ -150,8 +167,8 @@ TEST(RunConfig, ZeroOffloadForce) {
 
   const std::string path = temp_file("zero = 2\noffload = \"optimizer\"\nforce = true\n");
   const RunConfig f = parse({"--config", path});
-  EXPECT_EQ(f.zero, 2);
-  EXPECT_EQ(f.offload, "optimizer");
+  EXPECT_EQ(f.layout.zero, 2);
+  EXPECT_EQ(dp::offload_name(f.layout.offload), "optimizer");
   EXPECT_TRUE(f.force);
   std::remove(path.c_str());
 
@@ -171,7 +188,8 @@ TEST(RunConfig, ZeroOffloadForce) {
             "--offload optimizer needs ZeRO: use it with --zero 1, 2 or 3 (got --zero 0)");
   EXPECT_EQ(message({"--zero", "2", "--offload", "optimizer+params"}),
             "--offload optimizer+params offloads parameter shards: it needs --zero 3 (got --zero 2)");
-  EXPECT_EQ(message({"--zero", "1", "--offload", "gpu"}),
+  // The offload's form is checked as it is parsed (one enumeration, parallel/data/offload.h).
+  EXPECT_EQ(parse_error({"--zero", "1", "--offload", "gpu"}),
             "--offload must be one of none, optimizer, optimizer+params, got 'gpu'");
   EXPECT_EQ(message({"--zero", "3", "--zero-prefetch=-1"}), "--zero-prefetch must be >= 0, got -1");
 }
@@ -198,4 +216,4 @@ TEST(RunConfig, ValuesJsonAndHelp) {
 }
 
 }  // namespace
-}  // namespace torus::train
+}  // namespace torus::train_test

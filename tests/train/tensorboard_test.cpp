@@ -1,7 +1,7 @@
 // TensorBoard event files (tensorboard.h): CRC-32C against its published
 // check values, and the file read back record by record with a protobuf
 // decoder written here (independent of the writer's encoder).
-#include "torus/train/tensorboard.h"
+#include "torus/run/tensorboard.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -13,7 +13,9 @@
 #include <string>
 #include <vector>
 
-namespace torus::train {
+namespace torus::train_test {
+using namespace torus::engine;  // NOLINT
+using namespace torus::run;     // NOLINT
 namespace {
 
 TEST(Crc32c, CheckValues) {
@@ -136,4 +138,4 @@ TEST(TensorBoardWriter, RecordsReadBack) {
 }
 
 }  // namespace
-}  // namespace torus::train
+}  // namespace torus::train_test

@@ -6,7 +6,7 @@
 // (and every token as an input) of an epoch read exactly once over dp = 1..4
 // ranks with batches that do not divide the epoch, non-contiguous rows,
 // resume from a fresh sampler, determinism, the validation split.
-#include "torus/train/token_data.h"
+#include "torus/run/token_data.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -23,7 +23,9 @@
 
 #include "torus/core/error.h"
 
-namespace torus::train {
+namespace torus::train_test {
+using namespace torus::engine;  // NOLINT
+using namespace torus::run;     // NOLINT
 namespace {
 namespace fs = std::filesystem;
 
@@ -508,4 +510,4 @@ TEST(TokenSampler, ValidationSplitAndMegatronData) {
 }
 
 }  // namespace
-}  // namespace torus::train
+}  // namespace torus::train_test

@@ -23,10 +23,12 @@
 #include "torus/core/error.h"
 #include "torus/models/gpt.h"
 #include "torus/parallel/data/zero.h"
-#include "torus/train/gpt_model.h"
+#include "torus/engine/gpt_model.h"
 #include "train/engine_test_util.h"
 
-namespace torus::train {
+namespace torus::train_test {
+using namespace torus::engine;  // NOLINT
+using namespace torus::run;     // NOLINT
 namespace {
 
 using testing::world;
@@ -84,18 +86,17 @@ void expect_same_training(const TrainRun& ref, const TrainRun& zero, double loss
   }
 }
 
-TrainerOptions zero_options(int stage, dp::Offload offload = dp::Offload::kNone) {
-  TrainerOptions o;
-  o.zero_stage = stage;
-  o.offload = offload;
-  return o;
+ParallelLayout with_zero(ParallelLayout l, int stage, dp::Offload offload = dp::Offload::kNone) {
+  l.zero = stage;
+  l.offload = offload;
+  return l;
 }
 
 void check_stages(const models::GPTConfig& model, const ParallelLayout& layout, const std::string& what) {
   const TrainRun ref = train(model, layout, {});
   for (int stage = 1; stage <= 3; ++stage) {
     SCOPED_TRACE(what + ", ZeRO-" + std::to_string(stage));
-    const TrainRun z = train(model, layout, zero_options(stage));
+    const TrainRun z = train(model, with_zero(layout, stage), {});
     expect_same_training(ref, z, 1e-5, 1e-4);
     // The optimizer state covers ~1/N of this rank's parameters (N = dp,
     // padding and the units' rounding aside); DDP's covers all of them.
@@ -149,7 +150,7 @@ TEST(Zero, PipelineSchedules) {
   l.num_chunks = 2;
   l.schedule = pp::ScheduleKind::kInterleaved1F1B;
   const TrainRun ref = train(small_gpt(), l, {});
-  const TrainRun z = train(small_gpt(), l, zero_options(3));
+  const TrainRun z = train(small_gpt(), with_zero(l, 3), {});
   expect_same_training(ref, z, 1e-5, 1e-4);
 }
 
@@ -160,7 +161,7 @@ TEST(Zero, RecomputeGathersAgain) {
   const TrainRun ref = train(m, dp_only(2), {});
   for (int stage : {2, 3}) {
     SCOPED_TRACE("recompute full, ZeRO-" + std::to_string(stage));
-    const TrainRun z = train(m, dp_only(2), zero_options(stage));
+    const TrainRun z = train(m, with_zero(dp_only(2), stage), {});
     expect_same_training(ref, z, 1e-5, 1e-4);
   }
 }
@@ -175,11 +176,11 @@ TEST(Zero, OffloadMatchesDataParallel) {
   for (auto [stage, offload] : {std::pair{1, dp::Offload::kOptimizer}, std::pair{2, dp::Offload::kOptimizer},
                                 std::pair{3, dp::Offload::kOptimizerAndParams}}) {
     SCOPED_TRACE("ZeRO-" + std::to_string(stage) + " offload " + std::string(dp::offload_name(offload)));
-    const TrainRun z = train(small_gpt(), dp_only(2), zero_options(stage, offload));
+    const TrainRun z = train(small_gpt(), with_zero(dp_only(2), stage, offload), {});
     expect_same_training(ref, z, 1e-5, 1e-4);
   }
   const TrainRun ref16 = train(small_gpt(at::kBFloat16), dp_only(2), {});
-  const TrainRun z16 = train(small_gpt(at::kBFloat16), dp_only(2), zero_options(3, dp::Offload::kOptimizerAndParams));
+  const TrainRun z16 = train(small_gpt(at::kBFloat16), with_zero(dp_only(2), 3, dp::Offload::kOptimizerAndParams), {});
   expect_same_training(ref16, z16, 2e-3, 1e-2);
 }
 
@@ -188,7 +189,7 @@ TEST(Zero, BFloat16TracksDataParallel) {
   const TrainRun ref = train(small_gpt(at::kBFloat16), dp_only(2), {});
   for (int stage = 1; stage <= 3; ++stage) {
     SCOPED_TRACE("bf16, ZeRO-" + std::to_string(stage));
-    const TrainRun z = train(small_gpt(at::kBFloat16), dp_only(2), zero_options(stage));
+    const TrainRun z = train(small_gpt(at::kBFloat16), with_zero(dp_only(2), stage), {});
     // The same f32 masters and f32 main gradients; only the order of the
     // f32 sums differs (reduce-scatter vs all-reduce), which can flip a bf16
     // rounding of a parameter: one bf16 ulp of the weights at most.
@@ -203,13 +204,13 @@ TEST(Zero, Fp16OverflowOnOneDpRankSkipsEverywhere) {
   ASSERT_EQ(world()->size(), 2) << "run under mpirun -np 2";
   for (auto offload : {dp::Offload::kNone, dp::Offload::kOptimizer}) {
   SCOPED_TRACE(std::string("offload ") + std::string(dp::offload_name(offload)));
-  TrainerOptions o = zero_options(2, offload);
+  TrainerOptions o;
   o.loss_scaler.initial_scale = 1024;
   o.inject_overflow_rank = 1;
   o.inject_overflow_step = 3;
   OptimizerConfig optim;
   optim.lr = 1e-3;
-  GPTTrainer trainer(world(), small_gpt(at::kHalf), dp_only(2), optim, o);
+  GPTTrainer trainer(world(), small_gpt(at::kHalf), with_zero(dp_only(2), 2, offload), optim, o);
   auto snapshot = [&] {
     StateDict s = trainer.state_dict();
     for (auto& [k, v] : s) v.tensor = v.tensor.clone();
@@ -239,18 +240,17 @@ TEST(Zero, Fp16OverflowOnOneDpRankSkipsEverywhere) {
 
 TEST(Zero, BadOptionsAreRefusedBeforeCommunication) {
   ParallelLayout l = dp_only(world()->size());
-  TrainerOptions o;
-  o.zero_stage = 4;
-  EXPECT_THROW(GPTTrainer(world(), small_gpt(), l, {}, o), InvalidArgument);
-  o.zero_stage = 0;
-  o.offload = dp::Offload::kOptimizer;
-  EXPECT_THROW(GPTTrainer(world(), small_gpt(), l, {}, o), InvalidArgument);
-  o.zero_stage = 2;
-  o.offload = dp::Offload::kOptimizerAndParams;
-  EXPECT_THROW(GPTTrainer(world(), small_gpt(), l, {}, o), InvalidArgument);
+  l.zero = 4;
+  EXPECT_THROW(GPTTrainer(world(), small_gpt(), l, {}, {}), InvalidArgument);
+  l.zero = 0;
+  l.offload = dp::Offload::kOptimizer;
+  EXPECT_THROW(GPTTrainer(world(), small_gpt(), l, {}, {}), InvalidArgument);
+  l.zero = 2;
+  l.offload = dp::Offload::kOptimizerAndParams;
+  EXPECT_THROW(GPTTrainer(world(), small_gpt(), l, {}, {}), InvalidArgument);
   EXPECT_THROW(dp::parse_offload("gpu"), InvalidArgument);
   EXPECT_EQ(dp::parse_offload("optimizer+params"), dp::Offload::kOptimizerAndParams);
 }
 
 }  // namespace
-}  // namespace torus::train
+}  // namespace torus::train_test

@@ -7,7 +7,7 @@
 // global name with the slice of the global tensor this rank holds), and
 // this layer writes, verifies, lists and reads it back into any other
 // ShardedState. The policy (when to save, what to keep, resuming a run)
-// is the training loop's (train/checkpointing.h).
+// is the training loop's (engine/checkpointing.h).
 //
 // A checkpoint is a directory:
 //   step-00000100/

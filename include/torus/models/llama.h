@@ -1,7 +1,7 @@
 // torus/models/llama.h — the Llama-family decoder: pre-RMSNorm blocks with
 // rotary position embeddings, grouped-query attention and a SwiGLU MLP, no
 // biases, built from the tensor-parallel layers. The second implementation
-// of the model seam (train/llama_model.h), beside the reference GPT.
+// of the model seam (engine/llama_model.h), beside the reference GPT.
 //
 //   tokens [b, s] -> LlamaEmbedding (vocab-parallel word embedding; no position table)
 //                 -> hidden [s, b, h]               (sequence-first, Note [TP layouts])
@@ -117,7 +117,7 @@ struct LlamaConfig {
   // Presets (docs/models.md).
   static LlamaConfig tiny();   // 2 layers, width 32, 4 heads / 2 kv heads, ffn 64, seq 16, vocab 61 (tests)
   // The published shapes (llama-125m, llama-1b, ...) are the model presets of
-  // train/model_presets.h, the one table torus-train and Python read.
+  // run/model_presets.h, the one table torus-train and Python read.
 };
 
 // The rotary tables of one sequence length: cos and sin [s, d] in f32 (Note

@@ -3,7 +3,7 @@
 // block's parameters before it runs, in forward and again in backward, and
 // frees them after).
 //
-// A model that supports hooks (train::StageModule::set_block_hooks) calls,
+// A model that supports hooks (engine::StageModule::set_block_hooks) calls,
 // for every block it runs,
 //   x = hooks->run_block(layer, x, run);
 // instead of x = run(x), where `run` is the block's whole forward —
@@ -28,7 +28,7 @@ using BlockFn = std::function<at::Tensor(const at::Tensor&)>;
 class BlockHooks {
  public:
   virtual ~BlockHooks() = default;
-  // `layer`: the block's global index (train::StageParameter::block).
+  // `layer`: the block's global index (engine::StageParameter::block).
   virtual at::Tensor run_block(int64_t layer, const at::Tensor& x, const BlockFn& run) = 0;
 };
 

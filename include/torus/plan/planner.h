@@ -4,7 +4,7 @@
 // batch, a hardware preset (hardware.h) and a node count.
 //
 //   plan::PlanRequest req;
-//   train::parse_run_config(argc, argv, req.run);      // model, --seq, --batch, --precision, ...
+//   run::parse_run_config(argc, argv, req.run);      // model, --seq, --batch, --precision, ...
 //   req.hardware = *plan::find_hardware("h100-80gb");
 //   req.nodes = 16;
 //   plan::Plan p = plan::make_plan(req);                // every layout, ranked
@@ -12,9 +12,9 @@
 //
 // Note [Planner model]: a layout is kept when its memory per device fits and
 // ranked by its predicted step time.
-//   memory: the training engine's own estimate (train/memory_plan.h, Note
+//   memory: the training engine's own estimate (engine/memory_plan.h, Note
 //     [Memory estimate]) of the model adapter the run would build
-//     (train::make_model) — the numbers a run's memory pre-check prints —
+//     (run::make_model) — the numbers a run's memory pre-check prints —
 //     against 90% of the device's memory (the rest: the runtime's context,
 //     allocator slack, communication buffers) and, for offloaded state, the
 //     node's host memory / devices per node.
@@ -51,8 +51,10 @@
 #include <string>
 #include <vector>
 
+#include "torus/comm/process_group.h"
+#include "torus/parallel/layout.h"
 #include "torus/plan/hardware.h"
-#include "torus/train/run_config.h"
+#include "torus/run/run_config.h"
 
 namespace torus::plan {
 
@@ -60,7 +62,7 @@ struct PlanRequest {
   // The run: model (preset and shape options), --seq, --batch (the global
   // batch in sequences), --precision, --grad-dtype, --optimizer, MoE
   // options. Its layout options are what the planner replaces.
-  train::RunConfig run;
+  run::RunConfig run;
   Hardware hardware;  // resolved: `cpu` measured (measure_cpu_host)
   int nodes = 1;
   double efficiency = 0;       // 0: the hardware's
@@ -83,7 +85,7 @@ struct MemoryBreakdown {
 };
 
 struct Candidate {
-  train::RunConfig config;  // the request's run with this layout's options applied
+  run::RunConfig config;  // the request's run with this layout's options applied
   int64_t micro_batch_rows = 1;  // b: rows of a micro-batch
   MemoryBreakdown memory;
   bool fits = false;
@@ -135,6 +137,17 @@ std::string plan_json(const Plan& plan, int top = 10);
 // dimension's bytes and seconds.
 std::string explain(const Candidate& c, const Plan& plan);
 
+// --plan of a run (Note [Plan above the run]): rank 0 plans for the world
+// (its hosts x ranks per host; on CPU this host measured, else the
+// --plan-hardware preset) and publishes the chosen layout through the store
+// as layout JSON, so that every rank gets the same value; the stage cut is
+// left to the model. A plan that finds nothing that fits, or a world that is
+// not whole nodes of the preset, fails on every rank with rank 0's message
+// (InvalidArgument). An unknown --plan-hardware fails before any
+// communication. Collective over `world`. The front ends (torus-train, the
+// Python binding) call it and hand the layout to the loop.
+parallel::Layout plan_layout(const comm::ProcessGroupPtr& world, const run::RunConfig& run);
+
 // The ZeRO paper's memory table (Rajbhandari et al. 2020, Table 1): model
 // states per device of `psi` parameters in 16-bit with gradients in the
 // parameter dtype and Adam with fp32 masters (K = 12), on `nd` data-parallel
@@ -148,7 +161,7 @@ std::vector<ZeroRow> zero_memory_table(int64_t psi, const std::vector<int64_t>& 
 
 // The `cpu` preset filled in for this host with `ranks_per_node` ranks:
 // each rank's share of the host's GEMM FLOP/s (measured, in the run's
-// precision and in f32, train/peak_flops.h) and of MemAvailable.
+// precision and in f32, run/peak_flops.h) and of MemAvailable.
 Hardware measure_cpu_host(int ranks_per_node, const std::string& precision);
 
 }  // namespace torus::plan

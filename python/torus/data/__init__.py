@@ -3,8 +3,8 @@ files (.tok) and Megatron-LM datasets (.bin/.idx) from text.
 
     python3 -m torus.data.prepare corpus/ --tokenizer tokenizer.json --output train.tok
 
-The C++ runtime reads both formats (torus::train::TokenDataset) and samples
-them with torus::train::TokenSampler; docs/data.md describes the formats byte
+The C++ runtime reads both formats (torus::run::TokenDataset) and samples
+them with torus::run::TokenSampler; docs/data.md describes the formats byte
 by byte and the sampler's rules. Only `prepare` lives here: pure Python and
 numpy.
 """

@@ -10,7 +10,7 @@ below it, in sorted order of the path relative to it (symbolic links to
 directories are not followed). Token ids are stored as uint16 when the
 vocabulary has at most 65536 entries, else as uint32 (.tok) or int32
 (Megatron, which has no uint32). docs/data.md gives both formats byte by
-byte; torus::train::TokenDataset (C++) reads them.
+byte; torus::run::TokenDataset (C++) reads them.
 
 Outputs are written under a temporary name in the output's directory,
 fsync'ed and renamed into place, so a reader never sees a partial file and

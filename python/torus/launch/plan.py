@@ -7,10 +7,6 @@ from typing import Any, List
 
 from .instances import Instance
 
-# The fields that size the job (checked against the nodes rendered).
-_SIZES = ("tp", "pp", "dp", "ep")
-
-
 class PlanError(Exception):
     """A plan that cannot be used for this render; reported as a usage error."""
 
@@ -36,24 +32,31 @@ def plan_flags(plan: Any, nodes: int, instance: Instance, path: str = "plan") ->
     if per_node is not None and per_node != instance.ranks_per_node:
         raise PlanError(f"{path}: planned for {per_node} devices per node ({hardware.get('name')}), but a "
                         f"{instance.name} runs {instance.ranks_per_node} ranks")
-    for k in _SIZES:
+    # The mesh's dimensions size the job: torus-plan names them in best.mesh (from the layout's own
+    # field table, parallel/layout.h), so a dimension added there reaches this check unchanged.
+    dims = best.get("mesh")
+    if not isinstance(dims, list) or not dims or not all(isinstance(k, str) and k for k in dims):
+        raise PlanError(f"{path}: best.mesh must list the mesh's dimensions, got {dims!r} "
+                        "(a plan from an older torus-plan has none: run torus-plan --json again)")
+    devices = 1
+    for k in dims:
         if not isinstance(best.get(k), int) or isinstance(best.get(k), bool) or best[k] < 1:
             raise PlanError(f"{path}: best.{k} must be a positive integer, got {best.get(k)!r}")
-    devices = best["tp"] * best["pp"] * best["dp"] * best["ep"]
+        devices *= best[k]
     world = nodes * instance.ranks_per_node
     if devices != world:
-        raise PlanError(f"{path}: tp x pp x dp x ep = {devices} devices, but {nodes} x {instance.name} "
+        raise PlanError(f"{path}: {' x '.join(dims)} = {devices} devices, but {nodes} x {instance.name} "
                         f"run {world} ranks")
     args = best.get("args")
     if (not isinstance(args, list) or not args or not all(isinstance(a, str) and a for a in args)
             or not args[0].startswith("--")):
         raise PlanError(f"{path}: best.args must be the layout's torus-train arguments, got {args!r} "
                         "(a plan from an older torus-plan has none: run torus-plan --json again)")
-    for k in _SIZES:
+    for k in dims:
         flag = "--" + k
         if flag not in args or args.index(flag) + 1 >= len(args) or args[args.index(flag) + 1] != str(best[k]):
             raise PlanError(f"{path}: best.args {args} do not say {flag} {best[k]} as best.{k} does")
-    # torus-plan writes them (train::layout_args): torus-train parses them.
+    # torus-plan writes them (parallel::Layout::args): torus-train parses them.
     return list(args)
 
 

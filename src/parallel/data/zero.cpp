@@ -20,22 +20,6 @@
 
 namespace torus::dp {
 
-std::string_view offload_name(Offload offload) {
-  switch (offload) {
-    case Offload::kNone: return "none";
-    case Offload::kOptimizer: return "optimizer";
-    case Offload::kOptimizerAndParams: return "optimizer+params";
-  }
-  return "?";
-}
-
-Offload parse_offload(std::string_view text) {
-  for (Offload o : {Offload::kNone, Offload::kOptimizer, Offload::kOptimizerAndParams}) {
-    if (text == offload_name(o)) return o;
-  }
-  throw InvalidArgument(fmt::format("offload: '{}' is not one of none, optimizer, optimizer+params", text));
-}
-
 std::string ZeroSegment::key() const { return fmt::format("{}[{}:{}]", name, offset, offset + numel); }
 
 namespace {
@@ -135,10 +119,9 @@ struct Zero::Unit {
 
 Zero::Zero(std::vector<ZeroParameter> params, const parallel::ParallelGroups& groups, ZeroOptions options)
     : groups_(groups), options_(options) {
-  TORUS_CHECK(options_.stage >= 1 && options_.stage <= 3, InvalidArgument, "ZeRO: stage must be 1, 2 or 3, got {}",
+  dp::check_zero_stage(options_.stage, options_.offload);
+  TORUS_CHECK(options_.stage >= 1, InvalidArgument, "ZeRO: a Zero object shards: stage must be 1, 2 or 3, got {}",
               options_.stage);
-  TORUS_CHECK(options_.offload != Offload::kOptimizerAndParams || options_.stage == 3, InvalidArgument,
-              "ZeRO: offload '{}' needs stage 3 (got stage {})", offload_name(options_.offload), options_.stage);
   TORUS_CHECK(options_.max_inflight >= 1, InvalidArgument, "ZeRO: max_inflight must be >= 1, got {}",
               options_.max_inflight);
   TORUS_CHECK(options_.prefetch >= 0, InvalidArgument, "ZeRO: prefetch must be >= 0, got {}", options_.prefetch);

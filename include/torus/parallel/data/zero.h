@@ -69,6 +69,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "torus/parallel/data/offload.h"
+
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -91,14 +93,6 @@ struct Node;
 
 namespace torus::dp {
 
-enum class Offload : uint8_t {
-  kNone,                // everything on the parameters' device
-  kOptimizer,           // masters and optimizer state in host memory, updated by the CPU Adam
-  kOptimizerAndParams,  // stage 3: the parameter shards too
-};
-std::string_view offload_name(Offload offload);  // "none" | "optimizer" | "optimizer+params"
-// Throws InvalidArgument naming the accepted values.
-Offload parse_offload(std::string_view text);
 
 struct ZeroOptions {
   int stage = 1;  // 1, 2 or 3
