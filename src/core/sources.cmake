@@ -1,6 +1,7 @@
 target_sources(torus_base PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/error.cpp
   ${CMAKE_CURRENT_LIST_DIR}/dtype.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/reduce_op.cpp
   ${CMAKE_CURRENT_LIST_DIR}/logging.cpp
   ${CMAKE_CURRENT_LIST_DIR}/params.cpp
   ${CMAKE_CURRENT_LIST_DIR}/host_allocator.cpp)

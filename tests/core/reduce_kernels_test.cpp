@@ -12,8 +12,6 @@
 namespace torus::kernels {
 namespace {
 
-using comm::ReduceOp;
-
 // Reference bf16 rounding: pick the nearer of the two neighbouring bf16
 // values (by exact double arithmetic), ties to the even one.
 uint16_t ref_bf16(float f) {
