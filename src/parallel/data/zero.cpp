@@ -8,7 +8,6 @@
 #include <c10/core/StorageImpl.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/function.h>
-#include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
@@ -17,6 +16,7 @@
 #include <tuple>
 
 #include "core/log.h"
+#include "parallel/data/ready_hook.h"
 
 namespace torus::dp {
 
@@ -41,19 +41,6 @@ std::string ZeroSegment::key() const { return fmt::format("{}[{}:{}]", name, off
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-class ReadyHook : public torch::autograd::FunctionPostHook {
- public:
-  explicit ReadyHook(std::function<void()> fn) : fn_(std::move(fn)) {}
-  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
-                                            const torch::autograd::variable_list&) override {
-    fn_();
-    return outputs;
-  }
-
- private:
-  std::function<void()> fn_;
-};
 
 // Identity in forward; `fn` runs when the gradient reaches the node in
 // backward. `fn` is smuggled through the context as an index into a table
