@@ -8,9 +8,12 @@
 #include <vector>
 
 #include "kernels/cpu/reduce.h"
+#include "torus/comm/types.h"  // comm::ReduceOp and its names
 
 namespace torus::kernels {
 namespace {
+
+using comm::ReduceOp;
 
 // Reference bf16 rounding: pick the nearer of the two neighbouring bf16
 // values (by exact double arithmetic), ties to the even one.
