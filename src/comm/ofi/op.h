@@ -36,6 +36,7 @@ struct Clock {
     return time_point(duration(static_cast<rep>(ts.tv_sec) * 1000000000 + ts.tv_nsec));
   }
 };
+
 class Engine;
 struct GroupState;
 class OfiWork;
