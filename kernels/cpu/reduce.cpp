@@ -21,8 +21,6 @@
 
 namespace torus::kernels {
 
-using comm::ReduceOp;
-
 // ---- scalar conversions -------------------------------------------------------
 
 float bf16_to_float(uint16_t v) {

@@ -14,21 +14,21 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "torus/comm/types.h"
 #include "torus/core/dtype.h"
+#include "torus/core/reduce_op.h"
 
 namespace torus::kernels {
 
 // dst[i] = dst[i] (op) src[i] for i < n, in dtype `t`. For kAvg this is a sum
 // (divide afterwards with scale_inplace). f16/bf16 are combined in f32 and
 // rounded once per call.
-void reduce_inplace(void* dst, const void* src, size_t n, DType t, comm::ReduceOp op);
+void reduce_inplace(void* dst, const void* src, size_t n, DType t, ReduceOp op);
 
 // dst[i] = a[i] (op) b[i]. dst may alias a or b.
-void reduce_into(void* dst, const void* a, const void* b, size_t n, DType t, comm::ReduceOp op);
+void reduce_into(void* dst, const void* a, const void* b, size_t n, DType t, ReduceOp op);
 
 // Accumulate a half-precision buffer into f32: acc[i] = acc[i] (op) float(src[i]).
-void reduce_half_into_f32(float* acc, const void* src, size_t n, DType half, comm::ReduceOp op);
+void reduce_half_into_f32(float* acc, const void* src, size_t n, DType half, ReduceOp op);
 
 // buf[i] /= divisor (kAvg). Integers use truncating division.
 void divide_inplace(void* buf, size_t n, DType t, int64_t divisor);

@@ -3,8 +3,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include "core/cuda_check.h"
 #include "core/log.h"
-#include "device/cuda/cuda_check.h"
 #include "kernels/cuda/launch.h"
 
 namespace torus::kernels::cuda {

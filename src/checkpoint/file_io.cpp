@@ -6,7 +6,6 @@
 #include <fcntl.h>
 #include <ftw.h>
 #include <openssl/evp.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -279,39 +278,18 @@ std::string sha256_hex(const void* data, size_t bytes) {
   return to_hex(md, len);
 }
 
-MappedFile::MappedFile(const std::string& path) : path_(path) {
-  int fd = open_retry(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail_sys("open", path_, errno);
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    int err = errno;
-    ::close(fd);
-    fail_sys("fstat", path_, err);
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    throw CheckpointError(fmt::format("checkpoint: map {}: not a regular file", path_));
-  }
-  size_ = static_cast<uint64_t>(st.st_size);
-  if (size_ > 0) {
-    void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (p == MAP_FAILED) {
-      int err = errno;
-      ::close(fd);
-      fail_sys("mmap", path_, err);
-    }
-    data_ = static_cast<const uint8_t*>(p);
-  }
-  // The mapping outlives the descriptor.
-  if (::close(fd) != 0) {
-    int err = errno;
-    if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
-    fail_sys("close", path_, err);
+namespace {
+
+torus::MappedFile map_or_throw(const std::string& path) {
+  try {
+    return torus::MappedFile(path);
+  } catch (const MapError& e) {
+    throw CheckpointError(fmt::format("checkpoint: {}", e.what()));
   }
 }
 
-MappedFile::~MappedFile() {
-  if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
-}
+}  // namespace
+
+MappedFile::MappedFile(const std::string& path) : torus::MappedFile(map_or_throw(path)) {}
 
 }  // namespace torus::ckpt

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "core/mapped_file.h"
 #include "torus/checkpoint/safetensors.h"
 
 namespace torus::ckpt {
@@ -72,22 +73,11 @@ std::vector<std::string> list_dir(const std::string& path, bool dirs_only = fals
 std::string sha256_file(const std::string& path);
 std::string sha256_hex(const void* data, size_t bytes);
 
-// A whole file mapped read-only (mmap). Empty files map to size 0 and a null
-// data(). Only regular files are accepted.
-class MappedFile {
+// A whole file mapped read-only (core/mapped_file.h), failing with
+// CheckpointError naming the path, the call and errno's text.
+class MappedFile : public torus::MappedFile {
  public:
-  explicit MappedFile(const std::string& path);  // CheckpointError naming the path on failure
-  ~MappedFile();
-  MappedFile(const MappedFile&) = delete;
-  MappedFile& operator=(const MappedFile&) = delete;
-  const uint8_t* data() const { return data_; }
-  uint64_t size() const { return size_; }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-  const uint8_t* data_ = nullptr;
-  uint64_t size_ = 0;
+  explicit MappedFile(const std::string& path);
 };
 
 }  // namespace torus::ckpt

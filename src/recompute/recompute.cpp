@@ -14,6 +14,7 @@
 
 #include "core/log.h"
 #include "torus/parallel/backward_callback.h"
+#include "torus/parallel/replay.h"
 #include "torus/parallel/tensor/random.h"
 #include "torus/parallel/tensor/weight_grad.h"
 
@@ -148,16 +149,6 @@ struct Replay : torch::CustomClassHolder {
   bool dummy = false;               // the last input is the zero-size leaf (no input required grad)
 };
 
-thread_local int replay_depth = 0;
-
-// replaying() is true while a replay runs on this thread.
-struct ReplayFlag {
-  ReplayFlag() { ++replay_depth; }
-  ~ReplayFlag() { --replay_depth; }
-  ReplayFlag(const ReplayFlag&) = delete;
-  ReplayFlag& operator=(const ReplayFlag&) = delete;
-};
-
 struct Recompute : torch::autograd::Function<Recompute> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, at::TensorList inputs, at::IValue replay) {
     auto* r = static_cast<Replay*>(replay.toCapsule().get());
@@ -179,7 +170,7 @@ struct Recompute : torch::autograd::Function<Recompute> {
     {
       GeneratorSwap rng(r->generators);
       ModesGuard modes(r->modes);
-      ReplayFlag flag;
+      parallel::ReplayScope replay_scope;  // parallel::replaying() is true inside (replay.h)
       out = r->fn(detached);
     }
     if (out.requires_grad() && grads[0].defined()) {
@@ -196,8 +187,6 @@ struct Recompute : torch::autograd::Function<Recompute> {
 };
 
 }  // namespace
-
-bool replaying() { return replay_depth > 0; }
 
 at::Tensor run(MultiFunction fn, std::vector<at::Tensor> inputs, RecomputeState captures) {
   TORUS_CHECK(fn != nullptr, InvalidArgument, "recompute::run: empty function");

@@ -3,11 +3,6 @@
 // [Token windows] and [Epoch order].
 #include "torus/run/token_data.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <bit>
 #include <cerrno>
@@ -17,6 +12,7 @@
 #include <limits>
 
 #include "core/log.h"
+#include "core/mapped_file.h"
 #include "torus/core/error.h"
 #include "torus/run/corpus.h"  // splitmix64
 
@@ -30,58 +26,22 @@ namespace {
 
 constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
 
-// A whole file mapped read-only; the descriptor is closed once mapped.
-class MappedFile {
- public:
-  MappedFile(const MappedFile&) = delete;
-  MappedFile& operator=(const MappedFile&) = delete;
-  ~MappedFile() {
-    if (size_ > 0) ::munmap(const_cast<uint8_t*>(data_), size_);
+// A whole file mapped read-only (core/mapped_file.h); `what` names the
+// file's role in messages ("token file", "Megatron index").
+std::unique_ptr<MappedFile> map_file(const std::string& path, const char* what) {
+  try {
+    return std::make_unique<MappedFile>(path);
+  } catch (const MapError& e) {
+    const std::string_view call = e.call();
+    TORUS_CHECK(!(call == "open" && e.error() == ENOENT), InvalidArgument, "{} '{}' does not exist", what, path);
+    TORUS_CHECK(e.error() != 0, InvalidArgument, "{} '{}' is not a regular file", what, path);
+    if (call == "mmap") {
+      throw Error(fmt::format("{} '{}': cannot map {} bytes: {}", what, path, e.bytes(), std::strerror(e.error())));
+    }
+    throw Error(fmt::format("{} '{}': cannot {}: {}", what, path, call == "fstat" ? "stat" : call,
+                            std::strerror(e.error())));
   }
-
-  // `what` names the file's role in messages ("token file", "Megatron index").
-  static std::unique_ptr<MappedFile> open(const std::string& path, const char* what) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-      const int err = errno;
-      TORUS_CHECK(err != ENOENT, InvalidArgument, "{} '{}' does not exist", what, path);
-      throw Error(fmt::format("{} '{}': cannot open: {}", what, path, std::strerror(err)));
-    }
-    struct stat st {};
-    if (::fstat(fd, &st) != 0) {
-      const int err = errno;
-      ::close(fd);
-      throw Error(fmt::format("{} '{}': cannot stat: {}", what, path, std::strerror(err)));
-    }
-    if (!S_ISREG(st.st_mode)) {
-      ::close(fd);
-      throw InvalidArgument(fmt::format("{} '{}' is not a regular file", what, path));
-    }
-    std::unique_ptr<MappedFile> m(new MappedFile());
-    m->size_ = static_cast<size_t>(st.st_size);
-    if (m->size_ > 0) {  // mmap refuses length 0; an empty file maps to nothing
-      void* p = ::mmap(nullptr, m->size_, PROT_READ, MAP_SHARED, fd, 0);
-      const int err = errno;
-      ::close(fd);
-      if (p == MAP_FAILED) {
-        m->size_ = 0;
-        throw Error(fmt::format("{} '{}': cannot map {} bytes: {}", what, path, st.st_size, std::strerror(err)));
-      }
-      m->data_ = static_cast<const uint8_t*>(p);
-    } else {
-      ::close(fd);
-    }
-    return m;
-  }
-
-  const uint8_t* data() const { return data_; }
-  size_t size() const { return size_; }
-
- private:
-  MappedFile() = default;
-  const uint8_t* data_ = nullptr;
-  size_t size_ = 0;
-};
+}
 
 // An unaligned little-endian load (the .idx arrays start at byte 34).
 template <class T>
@@ -153,7 +113,7 @@ TokenDataset TokenDataset::open_tok(const std::string& path) {
   s->format = TokenFormat::kTorus;
   s->path = path;
   s->token_file = path;
-  s->data_map = MappedFile::open(path, "token file");
+  s->data_map = map_file(path, "token file");
   const uint8_t* b = s->data_map->data();
   const int64_t size = static_cast<int64_t>(s->data_map->size());
   TORUS_CHECK(size >= kTokHeaderBytes, InvalidArgument,
@@ -212,8 +172,8 @@ TokenDataset TokenDataset::open_megatron(const std::string& prefix) {
   const std::string idx = prefix + ".idx";
   const std::string bin = prefix + ".bin";
   s->token_file = bin;
-  s->index_map = MappedFile::open(idx, "Megatron index");
-  s->data_map = MappedFile::open(bin, "Megatron data file");
+  s->index_map = map_file(idx, "Megatron index");
+  s->data_map = map_file(bin, "Megatron data file");
   const uint8_t* b = s->index_map->data();
   const int64_t size = static_cast<int64_t>(s->index_map->size());
   TORUS_CHECK(size >= kIdxHeaderBytes, InvalidArgument,

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kernels/cpu/reduce.h"
+#include "torus/comm/types.h"  // comm::ReduceOp and its names
 
 namespace torus::kernels {
 namespace {

@@ -1,5 +1,6 @@
-// torus/comm/types.h — vocabulary shared by every comm layer: reduce ops,
-// op kinds and the per-op options structs.
+// torus/comm/types.h — vocabulary shared by every comm layer: reduce ops
+// (torus::ReduceOp, core/reduce_op.h, re-exported here), op kinds and the
+// per-op options structs.
 #pragma once
 
 #include <chrono>
@@ -7,11 +8,14 @@
 #include <string_view>
 #include <vector>
 
+#include "torus/core/reduce_op.h"
+
 namespace torus::comm {
 
-enum class ReduceOp : uint8_t { kSum, kAvg, kMax, kMin, kProd };
-inline constexpr ReduceOp kAllReduceOps[] = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax,
-                                             ReduceOp::kMin, ReduceOp::kProd};
+using ::torus::kAllReduceOps;
+using ::torus::reduce_op_from_name;
+using ::torus::reduce_op_name;
+using ::torus::ReduceOp;
 
 enum class OpType : uint8_t {
   kAllReduce,
@@ -28,10 +32,8 @@ inline constexpr OpType kAllOpTypes[] = {OpType::kAllReduce, OpType::kReduceScat
                                          OpType::kAllToAll,  OpType::kBroadcast,     OpType::kReduce,
                                          OpType::kSend,      OpType::kRecv,          OpType::kBarrier};
 
-std::string_view reduce_op_name(ReduceOp op);  // "sum", "avg", ...
-std::string_view op_type_name(OpType op);      // "all_reduce", ...
-ReduceOp reduce_op_from_name(std::string_view name);  // throws InvalidArgument
-OpType op_type_from_name(std::string_view name);      // throws InvalidArgument
+std::string_view op_type_name(OpType op);         // "all_reduce", ...
+OpType op_type_from_name(std::string_view name);  // throws InvalidArgument
 
 // A duration of zero in any options struct means "use the group's default"
 // (ProcessGroup::timeout(), itself defaulting to TORUS_TIMEOUT_MS / 10 min).

@@ -9,7 +9,7 @@
 // instead of x = run(x), where `run` is the block's whole forward —
 // activation recompute included (the recompute wrapper sits inside the hook,
 // so a replay in backward happens while the hook's backward-time state
-// holds: Note [Block hooks and recompute] in zero.cpp).
+// holds: Note [Block hooks and recompute] in zero_params.cpp).
 //
 // Contract for implementations: call run(x) exactly once and return its
 // result (or an identity of it, e.g. a tensor routed through an autograd

@@ -18,7 +18,9 @@
 //     its weight cache flag), and the ZB-H1 weight-gradient deferral mode
 //     (weight_grad.h);
 //  3. replays fn with grad enabled, so dropout draws the same masks and the
-//     replayed output equals the original bit for bit;
+//     replayed output equals the original bit for bit, with
+//     parallel::replaying() true meanwhile (replay.h: layers that record
+//     statistics of a forward skip the replay);
 //  4. puts every generator back to the state it had before the replay, so
 //     whatever runs next (the next micro-batch's forward in a pipeline) draws
 //     what it would have drawn without recompute;
@@ -118,11 +120,6 @@ struct RecomputeState {
 
 using Function = std::function<at::Tensor(const at::Tensor&)>;
 using MultiFunction = std::function<at::Tensor(const std::vector<at::Tensor>&)>;
-
-// Whether a replay (the backward's second run of fn) is running on this
-// thread: layers that record statistics of a forward (MoE routing) skip the
-// replay so that a recomputed forward is counted once.
-bool replaying();
 
 // y = fn(input), storing only `input` for backward (Note [Recompute replay]).
 at::Tensor run(Function fn, const at::Tensor& input, RecomputeState captures = {});

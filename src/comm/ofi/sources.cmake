@@ -5,6 +5,7 @@ if(TORUS_WITH_OFI)
   target_sources(torus_base PRIVATE
     ${CMAKE_CURRENT_LIST_DIR}/fabric.cpp
     ${CMAKE_CURRENT_LIST_DIR}/engine.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/engine_failure.cpp
     ${CMAKE_CURRENT_LIST_DIR}/engine_io.cpp
     ${CMAKE_CURRENT_LIST_DIR}/liveness.cpp
     ${CMAKE_CURRENT_LIST_DIR}/op_ctx.cpp

@@ -8,25 +8,10 @@
 
 #include <cuda_runtime_api.h>
 
+#include "core/cuda_check.h"
 #include "core/log.h"
-#include "device/cuda/cuda_check.h"
 
 namespace torus::device::cuda {
-
-std::string error_string(int cuda_error) {
-  auto e = static_cast<cudaError_t>(cuda_error);
-  return fmt::format("{} ({})", cudaGetErrorString(e), cudaGetErrorName(e));
-}
-
-namespace detail {
-
-void throw_cuda_error(cudaError_t error, const char* expr, const char* file, int line) {
-  (void)cudaGetLastError();  // clear a non-sticky error so that later calls are not blamed
-  throw Error(fmt::format("CUDA error: {} failed: {} at {}:{}", expr, error_string(error), file, line));
-}
-
-}  // namespace detail
-
 namespace {
 
 cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
@@ -37,7 +22,7 @@ cudaEvent_t as_event(void* e) { return static_cast<cudaEvent_t>(e); }
 void log_destroy_failure(cudaError_t err, const char* what) {
   if (err == cudaSuccess || err == cudaErrorCudartUnloading) return;
   (void)cudaGetLastError();
-  TORUS_LOG_WARN("CUDA: {} failed: {}", what, error_string(err));
+  TORUS_LOG_WARN("CUDA: {} failed: {}", what, cuda_error_string(err));
 }
 
 class CudaDevice final : public Device {
@@ -58,7 +43,7 @@ class CudaDevice final : public Device {
     cudaError_t err = cudaGetDeviceCount(&n);
     if (err != cudaSuccess) {
       (void)cudaGetLastError();
-      return fmt::format("no CUDA device: cudaGetDeviceCount: {}", error_string(err));
+      return fmt::format("no CUDA device: cudaGetDeviceCount: {}", cuda_error_string(err));
     }
     if (n == 0) return "no CUDA device: cudaGetDeviceCount reported 0 devices";
     int driver = 0;

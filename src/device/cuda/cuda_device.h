@@ -1,9 +1,7 @@
 // Private: the CUDA implementation of torus::device::Device, for the other
-// parts of the CUDA backend (the nccl comm backend, kernel launchers). Free of
-// CUDA types, like the public interface.
+// parts of the CUDA backend (the nccl comm backend). Free of CUDA types, like
+// the public interface. CUDA errors: core/cuda_check.h.
 #pragma once
-
-#include <string>
 
 #include "torus/device/device.h"
 
@@ -25,8 +23,5 @@ class DeviceGuard {
   int previous_;
   bool changed_;
 };
-
-// The CUDA runtime's text for an error code, "message (cudaErrorName)".
-std::string error_string(int cuda_error);
 
 }  // namespace torus::device::cuda

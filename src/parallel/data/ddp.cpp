@@ -5,7 +5,6 @@
 
 #include <ATen/Functions.h>
 #include <torch/csrc/autograd/function.h>
-#include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 #include <torch/nn/module.h>
 
@@ -13,25 +12,11 @@
 #include <tuple>
 
 #include "core/log.h"
+#include "parallel/data/ready_hook.h"
 #include "torus/parallel/backward_callback.h"
 
 namespace torus::dp {
 namespace {
-
-// Runs after a parameter's AccumulateGrad node: its gradient for this
-// backward is complete.
-class ReadyHook : public torch::autograd::FunctionPostHook {
- public:
-  ReadyHook(std::function<void()> fn) : fn_(std::move(fn)) {}
-  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
-                                            const torch::autograd::variable_list&) override {
-    fn_();
-    return outputs;
-  }
-
- private:
-  std::function<void()> fn_;
-};
 
 at::Tensor slot_view(const Bucket& b, const BucketSlot& s) {
   return b.flat.narrow(0, s.offset, s.numel).view(s.param.sizes());

@@ -13,8 +13,8 @@
 
 #include "core/log.h"
 #include "parallel/tensor/group_capsule.h"
+#include "torus/parallel/replay.h"
 #include "torus/parallel/tensor/mappings.h"
-#include "torus/recompute/recompute.h"
 
 namespace torus::expert {
 namespace {
@@ -338,7 +338,7 @@ at::Tensor MoELayer::forward(const at::Tensor& x) {
   const int data_size = groups_.dp_size(), data_rank = groups_.dp_rank();
   const int64_t seq = sl * tpn, n_global = seq * b * data_size;
   const bool training = is_training();
-  const bool record = training && !recompute::replaying();
+  const bool record = training && !parallel::replaying();
   at::Tensor flat = xin.reshape({n, h});
   auto long_opts = at::TensorOptions().dtype(at::kLong).device(x.device());
 

@@ -80,7 +80,7 @@
 // the stage's replicated stream and indexed by global token: layout
 // independent over tp, dp and ep, not over pipeline cuts (like dropout).
 //
-// Recompute: a replayed forward (recompute::replaying()) routes the same
+// Recompute: a replayed forward (parallel::replaying(), replay.h) routes the same
 // tokens again and issues the same collectives, but records no statistics.
 //
 // Errors: MoEConfig::validate throws InvalidArgument before any
