@@ -20,7 +20,7 @@
 //  * step ms: the median over steps of the slowest rank's step time;
 //  * tokens/s: the tokens of all ranks / step time;
 //  * a2a ms, a2a %: the time in the token all_to_alls (forward and backward,
-//    waiting included; expert::token_exchange_seconds()), mean over ranks,
+//    waiting included; ep::token_exchange_seconds()), mean over ranks,
 //    and its share of the step (median over steps); zero on one rank;
 //  * drop %, imbalance: from MoELayer::end_step() (over the whole token
 //    group, the same on every rank): assignments over capacity / k x tokens,
@@ -273,7 +273,7 @@ void reduce_times(const comm::ProcessGroupPtr& world, const std::vector<double>&
 bool all_finite(const at::Tensor& t) { return t.defined() && at::isfinite(t).all().item<bool>(); }
 
 // Rows 0 and 1 of the router += skew x dir (the same on every rank).
-void skew_router(expert::MoELayer& layer, const at::Tensor& dir, double skew) {
+void skew_router(ep::MoELayer& layer, const at::Tensor& dir, double skew) {
   at::NoGradGuard no_grad;
   auto params = layer.named_parameters();
   at::Tensor* w = params.find("router.weight");
@@ -293,14 +293,14 @@ Row run_moe(const comm::ProcessGroupPtr& world, const parallel::ParallelGroups& 
             const std::string& router, double cf, const Inputs& in, Checks& checks) {
   const bool leader = world->rank() == 0;
   const int64_t global_tokens = o.seq * o.batch * world->size();
-  expert::MoEConfig cfg;
+  ep::MoEConfig cfg;
   cfg.num_experts = o.experts;
   cfg.top_k = o.top_k;
   cfg.capacity_factor = cf;
   cfg.hidden = o.hidden;
   cfg.ffn_hidden = o.ffn;
   cfg.aux_loss_weight = 0.01;
-  auto layer = std::make_shared<expert::MoELayer>(cfg, "bench.moe", /*layer=*/0, groups, /*sequence_parallel=*/false,
+  auto layer = std::make_shared<ep::MoELayer>(cfg, "bench.moe", /*layer=*/0, groups, /*sequence_parallel=*/false,
                                                   std::make_shared<tp::RngTracker>(1234, 0));
   layer->train();
   const bool skewed = router == "skewed";
@@ -322,13 +322,13 @@ Row run_moe(const comm::ProcessGroupPtr& world, const parallel::ParallelGroups& 
     x.mutable_grad() = at::Tensor();
     for (auto& p : params) p.mutable_grad() = at::Tensor();
     world->barrier()->wait();
-    const double a0 = expert::token_exchange_seconds();
+    const double a0 = ep::token_exchange_seconds();
     const auto t0 = Clock::now();
     at::Tensor y = layer->forward(x);
     y.backward(in.grad);
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
-    const double a2a = expert::token_exchange_seconds() - a0;
-    const expert::LayerRoutingStats st = layer->end_step(false);
+    const double a2a = ep::token_exchange_seconds() - a0;
+    const ep::LayerRoutingStats st = layer->end_step(false);
     if (i < o.warmup) continue;
     step_s.push_back(dt);
     a2a_s.push_back(a2a);
@@ -371,7 +371,7 @@ Row run_moe(const comm::ProcessGroupPtr& world, const parallel::ParallelGroups& 
   r.tokens_per_s = r.step_ms > 0 ? static_cast<double>(global_tokens) / (r.step_ms * 1e-3) : 0.0;
   r.drop_rate = r.assignments > 0 ? r.dropped / r.assignments : 0.0;
   r.aux_loss /= std::max(o.steps, 1);
-  expert::LayerRoutingStats total;
+  ep::LayerRoutingStats total;
   total.tokens_per_expert = r.tokens_per_expert;
   r.imbalance = total.imbalance();
 

@@ -184,7 +184,7 @@ void bind_dp(py::module_& m) {
 
 void bind_models(py::module_& m) {
   auto models = m.def_submodule("models", "The reference GPT in C++ (torus::models).");
-  using expert::MoEConfig;
+  using ep::MoEConfig;
   py::class_<MoEConfig>(models, "MoEConfig",
                         "A mixture-of-experts layer (parallel/expert/moe.h); the GPT fills in sizes and seeds.")
       .def(py::init<>())

@@ -326,20 +326,20 @@ struct Trainer::Impl : public pp::StageCallbacks {
 
   // MoE: the step's routing statistics of every layer, known on every rank
   // (each pipeline rank contributes its stages' layers).
-  expert::RoutingSummary routing_stats(bool stepped) {
+  ep::RoutingSummary routing_stats(bool stepped) {
     const auto [layers, experts] = model->routing_shape();
     if (layers <= 0) return {};
-    std::vector<expert::LayerRoutingStats> mine;
+    std::vector<ep::LayerRoutingStats> mine;
     for (auto& c : chunks) {
       for (auto& l : c->end_step(stepped)) mine.push_back(std::move(l));
     }
-    std::vector<double> packed = expert::RoutingSummary::pack(mine, layers, experts);
+    std::vector<double> packed = ep::RoutingSummary::pack(mine, layers, experts);
     if (P > 1) {
       at::Tensor t = at::tensor(packed, at::TensorOptions().dtype(at::kDouble));
       pp_group->all_reduce(t)->wait();
       packed.assign(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
     }
-    return expert::RoutingSummary::unpack(packed, layers, experts);
+    return ep::RoutingSummary::unpack(packed, layers, experts);
   }
 
   // Mean loss over micro-batches on the last stage, averaged over dp, then

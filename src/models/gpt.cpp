@@ -68,8 +68,8 @@ void GPTConfig::validate(int tp_size) const {
   }
 }
 
-expert::MoEConfig GPTConfig::moe_config() const {
-  expert::MoEConfig m = moe;
+ep::MoEConfig GPTConfig::moe_config() const {
+  ep::MoEConfig m = moe;
   m.hidden = hidden;
   if (m.ffn_hidden <= 0) m.ffn_hidden = ffn();
   m.init_std = init_std;
@@ -190,7 +190,7 @@ GPTBlock::GPTBlock(const GPTConfig& config, int64_t layer, const parallel::Paral
                                                                    param_init(config, prefix + "proj", out_std), opts},
                                       tp_));
   if (config.is_moe_block(layer)) {
-    moe_ = register_module("moe", std::make_shared<expert::MoELayer>(config.moe_config(), prefix + "moe", layer, groups,
+    moe_ = register_module("moe", std::make_shared<ep::MoELayer>(config.moe_config(), prefix + "moe", layer, groups,
                                                                     sp, rng_));
     return;
   }
@@ -369,7 +369,7 @@ std::vector<double> gpt_item_costs(const GPTConfig& config, int64_t seq_len) {
   std::vector<double> costs;
   costs.reserve(config.num_layers + 2);
   costs.push_back(h);
-  const expert::MoEConfig moe = config.moe_config();
+  const ep::MoEConfig moe = config.moe_config();
   for (int64_t l = 0; l < config.num_layers; ++l) {
     // An MoE block's MLP: k experts per token, and the router.
     const double mlp = config.is_moe_block(l)

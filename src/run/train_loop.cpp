@@ -52,7 +52,7 @@ Json number(double v) {
 }
 
 // The "moe" object of a step record: totals and each layer's figures.
-Json routing_json(const expert::RoutingSummary& r) {
+Json routing_json(const ep::RoutingSummary& r) {
   Json layers = Json::array();
   for (const auto& l : r.layers) {
     layers.push_back({{"layer", l.layer},

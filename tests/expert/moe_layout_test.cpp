@@ -68,7 +68,7 @@ RunConfig moe_config(const std::string& out, double capacity_factor) {
 
 struct LoopRun {
   std::vector<double> losses;
-  std::vector<expert::RoutingSummary> routing;
+  std::vector<ep::RoutingSummary> routing;
   int64_t first_step = 0;
 };
 
@@ -194,15 +194,15 @@ TEST(MoELayouts, TwoRanks) {
 TEST(MoELayouts, ExpertTpSplitsTheExperts) {
   ASSERT_EQ(world()->size(), 2);
   const parallel::ParallelGroups& g = testing::mesh_groups(1, 2);
-  expert::MoEConfig c;
+  ep::MoEConfig c;
   c.num_experts = 4;
   c.top_k = 2;
   c.hidden = 8;
   c.ffn_hidden = 12;
   auto make = [&](bool split) {
-    expert::MoEConfig x = c;
+    ep::MoEConfig x = c;
     x.expert_tensor_parallel = split;
-    return std::make_shared<expert::MoELayer>(x, "blocks.1.moe", 1, g, false, std::make_shared<tp::RngTracker>(7, 0));
+    return std::make_shared<ep::MoELayer>(x, "blocks.1.moe", 1, g, false, std::make_shared<tp::RngTracker>(7, 0));
   };
   auto whole = make(false), split = make(true);
   const tp::ShardSpecs specs = tp::collect_shard_specs(*split);

@@ -18,7 +18,7 @@
 #include "torus/core/error.h"
 #include "torus/parallel/expert/moe.h"
 
-namespace torus::expert {
+namespace torus::ep {
 namespace {
 
 MoEConfig small_config(int64_t E, int64_t k, double cf) {
@@ -279,4 +279,4 @@ TEST(MoELayer, EvaluationRecordsNothingAndBadConfigsAreRefused) {
 }
 
 }  // namespace
-}  // namespace torus::expert
+}  // namespace torus::ep

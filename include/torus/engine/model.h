@@ -104,7 +104,7 @@ class StageModule {
   // After each step: the routing statistics of the stage's MoE layers since
   // the last call, and the auxiliary-loss-free bias update (`stepped`: the
   // optimizer step was taken). Not collective.
-  virtual std::vector<expert::LayerRoutingStats> end_step(bool /*stepped*/) { return {}; }
+  virtual std::vector<ep::LayerRoutingStats> end_step(bool /*stepped*/) { return {}; }
   // State that is not a parameter and is the same on every rank that holds
   // it (router biases), by global name; aliases the live tensors.
   virtual std::map<std::string, at::Tensor> extra_state() const { return {}; }

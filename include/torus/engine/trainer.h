@@ -142,7 +142,7 @@ struct StepStats {
   int64_t skipped_steps = 0;    // steps skipped so far (overflow or non-finite norm)
   // MoE models: the step's routing statistics of every MoE layer (the same
   // on every rank); empty for a dense model.
-  expert::RoutingSummary routing;
+  ep::RoutingSummary routing;
 };
 
 // One tensor of the engine's state and how it lies over the ranks.

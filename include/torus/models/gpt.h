@@ -84,14 +84,14 @@ struct GPTConfig {
   // moe.num_experts, top_k, capacity_factor, the loss weights and the
   // balancing options are read from here.
   int64_t moe_every = 0;
-  expert::MoEConfig moe;
+  ep::MoEConfig moe;
 
   int64_t ffn() const { return ffn_hidden > 0 ? ffn_hidden : 4 * hidden; }
   int64_t head_dim() const { return hidden / num_heads; }
   bool is_moe_block(int64_t layer) const { return moe_every > 0 && (layer + 1) % moe_every == 0; }
   int64_t num_moe_blocks() const { return moe_every > 0 ? num_layers / moe_every : 0; }
   // The MoE layer config of block `layer` (sizes and seeds from this config).
-  expert::MoEConfig moe_config() const;
+  ep::MoEConfig moe_config() const;
 
   // Throws InvalidArgument naming the problem: sizes < 1, hidden not
   // divisible by num_heads, num_heads or ffn not divisible by tp_size,
@@ -180,7 +180,7 @@ class GPTBlock : public torch::nn::Module, public tp::ShardedModule {
   // hidden [s, b, h] ([s/tp, b, h] with sequence parallelism), same shape out.
   at::Tensor forward(const at::Tensor& hidden);
   tp::ShardSpecs shard_specs() const override;  // qv_bias: split by heads
-  const std::shared_ptr<expert::MoELayer>& moe() const { return moe_; }  // null: a dense MLP
+  const std::shared_ptr<ep::MoELayer>& moe() const { return moe_; }  // null: a dense MLP
 
  private:
   at::Tensor attention(const at::Tensor& x);
@@ -197,7 +197,7 @@ class GPTBlock : public torch::nn::Module, public tp::ShardedModule {
   std::shared_ptr<tp::LayerNorm> ln1_, ln2_;
   std::shared_ptr<tp::ColumnParallelLinear> qkv_, fc1_;
   std::shared_ptr<tp::RowParallelLinear> proj_, fc2_;
-  std::shared_ptr<expert::MoELayer> moe_;
+  std::shared_ptr<ep::MoELayer> moe_;
   at::Tensor qv_bias_;  // [local heads, 2, head_dim]
 };
 

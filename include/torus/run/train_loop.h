@@ -102,7 +102,7 @@ struct StepRecord {
   int64_t skipped_steps = 0;  // so far
   double loss_scale = 1;      // fp16: the scale of this step's backward
   int peak_live_micro = 0;
-  expert::RoutingSummary routing;  // MoE: the step's routing statistics (empty: dense)
+  ep::RoutingSummary routing;  // MoE: the step's routing statistics (empty: dense)
 };
 
 struct RunSummary {

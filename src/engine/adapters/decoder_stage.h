@@ -41,7 +41,7 @@ class DecoderStage : public StageModule {
     const tp::ShardSpecs specs = tp::collect_shard_specs(*gpt_);
     std::set<const void*> expert_params;
     for (const auto& m : gpt_->modules()) {
-      auto* holder = dynamic_cast<const expert::MoEParameters*>(m.get());
+      auto* holder = dynamic_cast<const ep::MoEParameters*>(m.get());
       if (!holder || !holder->expert()) continue;
       for (const auto& p : holder->parameters(/*recurse=*/false)) expert_params.insert(p.unsafeGetTensorImpl());
     }
@@ -95,8 +95,8 @@ class DecoderStage : public StageModule {
     const tp::RngTracker::State st = gpt_->rng()->get_state();
     return {{"replicated", st.replicated}, {"sharded", st.sharded}};
   }
-  std::vector<std::shared_ptr<expert::MoELayer>> moe_layers() const {
-    std::vector<std::shared_ptr<expert::MoELayer>> out;
+  std::vector<std::shared_ptr<ep::MoELayer>> moe_layers() const {
+    std::vector<std::shared_ptr<ep::MoELayer>> out;
     if constexpr (kHasMoE) {
       for (const auto& b : gpt_->blocks()) {
         if (b->moe()) out.push_back(b->moe());
@@ -107,8 +107,8 @@ class DecoderStage : public StageModule {
   void set_loss_grad_scale(double scale) override {
     for (const auto& m : moe_layers()) m->set_loss_grad_scale(scale);
   }
-  std::vector<expert::LayerRoutingStats> end_step(bool stepped) override {
-    std::vector<expert::LayerRoutingStats> out;
+  std::vector<ep::LayerRoutingStats> end_step(bool stepped) override {
+    std::vector<ep::LayerRoutingStats> out;
     for (const auto& m : moe_layers()) out.push_back(m->end_step(stepped));
     return out;
   }

@@ -30,7 +30,7 @@ std::vector<models::GPTPart> GPTModel::parts(const ModelLayout& layout) const {
 void GPTModel::validate(const ModelLayout& layout) const {
   with_layout(config_, layout).validate(layout.tp);
   if (config_.moe_every > 0) {
-    const expert::MoEConfig moe = config_.moe_config();
+    const ep::MoEConfig moe = config_.moe_config();
     moe.validate(layout.ep);
     // Checked here, on every rank, because only the stages with an MoE block build one.
     TORUS_CHECK(!moe.expert_tensor_parallel || layout.tp == 1 || moe.ffn_hidden % layout.tp == 0, InvalidArgument,
@@ -70,7 +70,7 @@ int64_t GPTModel::num_parameters() const {
   const int64_t h = config_.hidden, L = config_.num_layers, f = config_.ffn(), v = config_.vocab_size;
   const int64_t attention = 2 * h + (3 * h * h + 2 * h) + (h * h + h) + 2 * h;
   const int64_t dense_mlp = (h * f + f) + (f * h + h);
-  const expert::MoEConfig moe = config_.moe_config();
+  const ep::MoEConfig moe = config_.moe_config();
   const int64_t fm = moe.ffn_hidden;
   const int64_t moe_mlp = moe.num_experts * ((h * fm + fm) + (fm * h + h)) + moe.num_experts * h;
   const int64_t M = config_.num_moe_blocks();
@@ -82,7 +82,7 @@ int64_t GPTModel::num_parameters() const {
 // An MoE block counts the k experts a token runs through and the router.
 double GPTModel::flops_per_token(int64_t seq_len) const {
   const double h = config_.hidden, L = config_.num_layers, f = config_.ffn(), v = config_.vocab_size;
-  const expert::MoEConfig moe = config_.moe_config();
+  const ep::MoEConfig moe = config_.moe_config();
   const double M = static_cast<double>(config_.num_moe_blocks());
   const double moe_mlp = 2 * h * static_cast<double>(moe.ffn_hidden) * static_cast<double>(moe.top_k) +
                          h * static_cast<double>(moe.num_experts);
@@ -127,7 +127,7 @@ double dense_mlp_activation_16(int64_t s, int64_t b, int64_t h, int t, bool sp) 
   return sbh * (3.0 + 16.0 / t);
 }
 
-double moe_mlp_activation_16(int64_t s, int64_t b, int64_t h, int t, bool sp, const expert::MoEConfig& moe) {
+double moe_mlp_activation_16(int64_t s, int64_t b, int64_t h, int t, bool sp, const ep::MoEConfig& moe) {
   const double routed = static_cast<double>(s) * b / t;
   const double kept = static_cast<double>(moe.top_k) * routed *
                       (moe.capacity_factor > 0 ? std::min(1.0, moe.capacity_factor) : 1.0);
@@ -149,7 +149,7 @@ std::vector<RankMemoryShape> GPTModel::memory_shape(const ModelLayout& layout, i
   // An MoE block: attention and norms as a dense block; the router (whole on
   // every rank) and this ep rank's experts, split over TP with --expert-tp
   // (fc2's bias whole), in place of the dense MLP.
-  const expert::MoEConfig moe = g.moe_config();
+  const ep::MoEConfig moe = g.moe_config();
   const int te = moe.expert_tensor_parallel ? t : 1;
   const int64_t moe_block = ceil_div(4 * h * h + 7 * h, t) + moe.num_experts * h +
                             moe.num_experts / std::max(layout.ep, 1) *

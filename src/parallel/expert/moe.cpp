@@ -16,7 +16,7 @@
 #include "torus/parallel/replay.h"
 #include "torus/parallel/tensor/mappings.h"
 
-namespace torus::expert {
+namespace torus::ep {
 namespace {
 
 using parallel::group_rank;
@@ -479,4 +479,4 @@ LayerRoutingStats MoELayer::end_step(bool update_bias) {
   return s;
 }
 
-}  // namespace torus::expert
+}  // namespace torus::ep

@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <numeric>
 
-namespace torus::expert {
+namespace torus::ep {
 
 double LayerRoutingStats::imbalance() const {
   if (tokens_per_expert.empty()) return 0.0;
@@ -90,4 +90,4 @@ RoutingSummary RoutingSummary::unpack(const std::vector<double>& packed, int64_t
   return s;
 }
 
-}  // namespace torus::expert
+}  // namespace torus::ep

@@ -102,7 +102,7 @@
 #include "torus/parallel/tensor/random.h"
 #include "torus/parallel/tensor/sharding.h"
 
-namespace torus::expert {
+namespace torus::ep {
 
 struct MoEConfig {
   int64_t num_experts = 8;
@@ -251,4 +251,4 @@ class MoELayer : public torch::nn::Module, public tp::ShardedModule {
   LayerRoutingStats acc_;
 };
 
-}  // namespace torus::expert
+}  // namespace torus::ep

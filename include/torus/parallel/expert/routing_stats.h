@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-namespace torus::expert {
+namespace torus::ep {
 
 struct LayerRoutingStats {
   int64_t layer = -1;                     // global block index
@@ -47,4 +47,4 @@ struct RoutingSummary {
   static RoutingSummary unpack(const std::vector<double>& packed, int64_t num_layers, int64_t num_experts);
 };
 
-}  // namespace torus::expert
+}  // namespace torus::ep
