@@ -10,6 +10,7 @@
 
 #include "core/log.h"
 #include "device/cuda/cuda_check.h"
+#include "device/registry.h"
 
 namespace torus::device::cuda {
 
@@ -202,3 +203,10 @@ DeviceGuard::~DeviceGuard() {
 }
 
 }  // namespace torus::device::cuda
+
+namespace torus::device {
+
+// Note [Device registration].
+void register_cuda_device(DeviceRegistry& registry) { registry.add(cuda::cuda_device()); }
+
+}  // namespace torus::device
