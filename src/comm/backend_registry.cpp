@@ -117,7 +117,7 @@ HostBackendChoice agree_host_backend(const BackendInit& init, Duration timeout) 
       HostBackendChoice c = choose_host_backend(init);
       init.store->set_string(kKey, c.name + "\n" + c.why);
       return c;
-    } catch (const Unsupported& e) {
+    } catch (const Error& e) {
       init.store->set_string(kKey, std::string("\n") + e.what());  // an empty name: the others fail alike
       throw;
     }
@@ -125,7 +125,7 @@ HostBackendChoice agree_host_backend(const BackendInit& init, Duration timeout) 
   const std::string v = init.store->get_string(kKey, timeout);
   const size_t nl = v.find('\n');
   TORUS_CHECK(nl != std::string::npos, CommError, "malformed host backend choice from rank 0");
-  TORUS_CHECK(nl > 0, Unsupported, "rank 0 found no host backend: {}", v.substr(1));
+  TORUS_CHECK(nl > 0, Unsupported, "rank 0 could not choose a host backend: {}", v.substr(1));
   return {v.substr(0, nl), v.substr(nl + 1)};
 }
 

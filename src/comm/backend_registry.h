@@ -104,7 +104,9 @@ HostBackendChoice choose_host_backend(const BackendInit& init);
 
 // The same decided once for the job: rank 0 chooses and publishes its choice
 // through init.store; the other ranks read it (within `timeout`), so that
-// every rank makes the same backend even if their probes differ.
+// every rank makes the same backend even if their probes differ. When rank 0
+// cannot choose, every rank throws (rank 0 its own error, the others
+// Unsupported quoting it).
 HostBackendChoice agree_host_backend(const BackendInit& init, Duration timeout);
 
 }  // namespace torus::comm

@@ -804,7 +804,7 @@ void register_ofi_backend(BackendRegistry& registry) {
       const std::string provider =
           ofi::Fabric::find_provider(ofi::world_fabric_options(ofi::OfiOptions::from_env(), *init.hosts));
       return Usability{true, fmt::format("libfabric provider {} on {} host(s)", provider, init.hosts->num_hosts())};
-    } catch (const Error& e) {
+    } catch (const CommError& e) {  // a bad TORUS_OFI_* value still throws: it is no reason to fall back
       return Usability{false, e.what()};
     }
   };
