@@ -54,7 +54,7 @@ void print_help() {
       "   eg: mpirun -np 2 torus-bench-comm -b 1K -e 256M -f 2 --backend mpi --json out.json\n\n"
       "%s"
       "\nTorus:\n"
-      "      --backend NAME     host backend: mpi or ofi (default: TORUS_BACKEND, else the first built)\n"
+      "      --backend NAME     host backend: mpi or ofi (default: TORUS_BACKEND, else the bootstrap's: the fastest usable)\n"
       "  -d, --dtype NAME       f32 (default), f64, f16, bf16, i32, i64, u8\n"
       "  -o, --redop NAME       sum (default), max or min (the reductions whose results are exact)\n"
       "  -r, --root N           root of broadcast and reduce (default 0)\n"

@@ -8,10 +8,12 @@
 
 #include "bindings.h"
 #include "torus/checkpoint/safetensors.h"
+#include "torus/comm/backends.h"
 #include "torus/config.h"
 #include "torus/core/error.h"
 #include "torus/core/host_allocator.h"
 #include "torus/core/logging.h"
+#include "torus/device/device.h"
 
 namespace py = pybind11;
 
@@ -75,11 +77,13 @@ void bind_core(py::module_& m) {
       "settings applied (applied=False where the C library is not glibc). See torus/core/host_allocator.h.");
   m.attr("__version__") = TORUS_VERSION;
   py::dict build;
-  build["mpi"] = bool(TORUS_WITH_MPI);
-  build["ofi"] = bool(TORUS_WITH_OFI);
-  build["cuda"] = bool(TORUS_WITH_CUDA);
-  build["nccl"] = bool(TORUS_WITH_NCCL);
-  build["neuron"] = bool(TORUS_WITH_NEURON);
+  // What the registries hold (Note [Backend registration]); "neuron" is the
+  // device kind, as "cuda" is.
+  build["mpi"] = comm::backend_registered("mpi");
+  build["ofi"] = comm::backend_registered("ofi");
+  build["cuda"] = device::registered(DeviceType::kCUDA);
+  build["nccl"] = comm::backend_registered("nccl");
+  build["neuron"] = device::registered(DeviceType::kNeuron);
   m.attr("build_info") = build;
 }
 

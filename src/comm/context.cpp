@@ -13,18 +13,12 @@
 #include <map>
 #include <thread>
 
+#include "comm/backend_registry.h"
 #include "comm/op_failures.h"
 #include "comm/store_token.h"
 #include "core/log.h"
-#include "torus/config.h"
 #include "torus/core/params.h"
-#if TORUS_WITH_MPI
-#include "comm/mpi/mpi_bootstrap.h"
-#endif
-#if TORUS_WITH_NCCL
-#include "comm/nccl/nccl_backend.h"
 #include "torus/device/device.h"
-#endif
 
 namespace torus::comm {
 namespace {
@@ -110,7 +104,10 @@ std::shared_ptr<Context> Context::create(const InitOptions& options) {
     host = "127.0.0.1";
     port = ctx->server_->port();
   } else if (L.master_addr.empty()) {
-#if TORUS_WITH_MPI
+    const LauncherChannel* mpi = launcher_channel("mpi");
+    TORUS_CHECK(mpi != nullptr, InvalidArgument,
+                "launched by Open MPI but this Torus was built without MPI: set TORUS_MASTER_ADDR and "
+                "TORUS_MASTER_PORT");
     // Launched by Open MPI: rank 0 chooses, MPI hands out address and token.
     std::string payload;
     if (L.rank == 0) {
@@ -123,18 +120,14 @@ std::shared_ptr<Context> Context::create(const InitOptions& options) {
     }
     // Note [MPI lifetime in the bootstrap]: MPI stays initialised for the
     // life of the Context, not just the broadcast.
-    ctx->mpi_hold_ = mpi_runtime_hold();
-    payload = mpi_bootstrap_broadcast(payload, params.store_timeout);
+    ctx->mpi_hold_ = mpi->hold();
+    payload = mpi->broadcast(payload, params.store_timeout);
     auto sp1 = payload.find(' ');
     auto sp2 = payload.find(' ', sp1 + 1);
     TORUS_CHECK(sp1 != std::string::npos && sp2 != std::string::npos, CommError, "malformed store address from rank 0");
     host = payload.substr(0, sp1);
     port = std::stoi(payload.substr(sp1 + 1, sp2 - sp1 - 1));
     token = payload.substr(sp2 + 1);
-#else
-    throw InvalidArgument(
-        "launched by Open MPI but this Torus was built without MPI: set TORUS_MASTER_ADDR and TORUS_MASTER_PORT");
-#endif
   } else {
     host = L.master_addr;
     port = L.master_port;
@@ -199,36 +192,43 @@ std::shared_ptr<Context> Context::create(const InitOptions& options) {
   if (L.local_rank < 0) L.local_rank = local_rank;
   if (L.local_size < 0) L.local_size = local_size;
 
-  // --- the host backend ---------------------------------------------------------
-  std::string backend = !options.host_backend.empty() ? options.host_backend : params.host_backend;
-  if (backend.empty()) {
-    auto built = available_host_backends();
-    TORUS_CHECK(!built.empty(), Unsupported, "this Torus was built without a host backend (mpi or ofi)");
-    backend = (L.launched_by_mpi && std::find(built.begin(), built.end(), "mpi") != built.end()) ? "mpi" : built.front();
-    if (!L.launched_by_mpi && backend == "mpi" && built.size() > 1) backend = built[1];
+  // --- the backends --------------------------------------------------------------
+  // The host backend: named by the options or TORUS_BACKEND, else the fastest
+  // one that can serve this job, decided by rank 0 for all (Note [Backend
+  // registration] in backend_registry.h).
+  BackendInit init{&ctx->launch_, &ctx->hosts_, ctx->store_, ctx->timeout_};
+  HostBackendChoice backend;
+  if (!options.host_backend.empty()) {
+    backend = {options.host_backend, "set by InitOptions::host_backend"};
+  } else if (!params.host_backend.empty()) {
+    backend = {params.host_backend, "set by TORUS_BACKEND"};
+  } else {
+    backend = agree_host_backend(init, params.store_timeout);
   }
 
   if (L.rank == 0) {
-    TORUS_LOG_INFO("bootstrap: {} ranks from {}, {} host(s), store {}:{}, host backend {}, default timeout {} ms",
-                   L.world_size, L.source, ctx->hosts_.num_hosts(), host, port, backend, ctx->timeout_.count());
+    TORUS_LOG_INFO("bootstrap: {} ranks from {}, {} host(s), store {}:{}, host backend {} ({}), default timeout {} ms",
+                   L.world_size, L.source, ctx->hosts_.num_hosts(), host, port, backend.name, backend.why,
+                   ctx->timeout_.count());
     for (const auto& [name, value] : params.describe()) TORUS_LOG_DEBUG("param {} = {}", name, value);
   }
   for (const auto& name : params.unknown) {
     TORUS_LOG_WARN("unknown environment variable {} ignored (typo? see docs/params.md)", name);
   }
 
-  BackendInit init{&ctx->launch_, &ctx->hosts_, ctx->store_, ctx->timeout_};
-  ctx->host_backend_ = create_world_backend(backend, init);
-#if TORUS_WITH_NCCL
-  // The device backend: NCCL when this build has it and the job sees a GPU.
-  // Every rank decides alike (a job is homogeneous); ranks without a GPU in a
-  // GPU job fail in the NCCL bootstrap with a clear error.
-  if (device::accelerator() != nullptr && device::accelerator()->count() > 0) {
-    ctx->device_backend_ = create_nccl_world_backend(init);
-  } else if (L.rank == 0) {
-    TORUS_LOG_INFO("no device backend: {}", device::accelerator() ? device::accelerator()->describe() : "CPU build");
+  ctx->host_backend_ = create_world_backend(backend.name, init);
+  // The device backend: the one registered for this build's accelerator,
+  // when the process sees a device of that kind.
+  for (const BackendFactory& f : backend_registry().factories()) {
+    if (f.role != BackendRole::kDevice || f.memory != device::accelerator_type()) continue;
+    const Usability u = f.usability ? f.usability(init) : Usability{};
+    if (u.usable) {
+      ctx->device_backend_ = f.create(init);
+    } else if (L.rank == 0) {
+      TORUS_LOG_INFO("no device backend: {}", u.detail);
+    }
+    break;
   }
-#endif
   return ctx;
 }
 

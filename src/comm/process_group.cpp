@@ -4,6 +4,7 @@
 
 #include <ATen/Functions.h>
 #include <ATen/ops/from_blob.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <algorithm>
 #include <cctype>
@@ -12,14 +13,9 @@
 #include <set>
 
 #include "core/log.h"
-#include "torus/config.h"
 #include "torus/comm/shared_host.h"
 #include "torus/core/params.h"
-#if TORUS_WITH_CUDA
-#include <c10/core/impl/DeviceGuardImplInterface.h>
-
 #include "torus/device/device.h"
-#endif
 
 namespace torus::comm {
 namespace {
@@ -56,18 +52,14 @@ void check_rank(int r, int size, const char* what, OpType op, const GroupInfo& g
 class CallerStream {
  public:
   explicit CallerStream(const at::Tensor& t) {
-#if TORUS_WITH_CUDA
-    if (t.defined() && t.device().is_cuda()) {
+    if (t.defined() && t.device().is_cuda() && device::registered(DeviceType::kCUDA)) {
       c10::Stream s = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(t.device());
       guard_.emplace(device::Stream::borrow(DeviceType::kCUDA, t.device().index(), s.native_handle()));
     }
-#endif
   }
 
  private:
-#if TORUS_WITH_CUDA
   std::optional<device::StreamGuard> guard_;
-#endif
 };
 
 // Keeps the op's tensors alive until it completes (Note [Work lifetime]).

@@ -9,7 +9,7 @@ target_sources(torus_base PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/launch.cpp
   ${CMAKE_CURRENT_LIST_DIR}/context.cpp
   ${CMAKE_CURRENT_LIST_DIR}/mesh_layout.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/backend_factory.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/backend_registry.cpp
   ${CMAKE_CURRENT_LIST_DIR}/shared_host.cpp)
 # The tensor-facing layer.
 target_sources(torus PRIVATE

@@ -8,6 +8,7 @@
 #include <new>
 
 #include "core/log.h"
+#include "device/registry.h"
 #include "torus/device/device.h"
 
 namespace torus::device {
@@ -96,5 +97,7 @@ Device& cpu_device() {
   static CpuDevice device;
   return device;
 }
+
+void register_cpu_device(DeviceRegistry& registry) { registry.add(cpu_device()); }
 
 }  // namespace torus::device

@@ -1,21 +1,15 @@
 // The backend-independent part of the device layer: Stream/Event handles,
-// RAII buffers, the registry of built device types, device selection and the
-// thread-local current stream (Note [Stream order] in device.h).
+// RAII buffers, the registry of device kinds (Note [Device registration]),
+// device selection and the thread-local current stream (Note [Stream order]
+// in device.h).
 #include "torus/device/device.h"
 
+#include <algorithm>
 #include <array>
 #include <utility>
 
 #include "core/log.h"
-#include "torus/config.h"
-#if TORUS_WITH_CUDA
-#include "device/cuda/cuda_device.h"
-#endif
-#if TORUS_WITH_NEURON
-#include "device/neuron/neuron_device.h"
-#else
-#include "torus/device/neuron.h"
-#endif
+#include "device/registry.h"
 
 namespace torus::device {
 
@@ -145,14 +139,51 @@ Event Device::create_event(const EventOptions& options) {
 
 // --- registry -----------------------------------------------------------------
 
-Device* accelerator() {
-#if TORUS_WITH_CUDA
-  return &cuda::cuda_device();
-#elif TORUS_WITH_NEURON
-  return &neuron::neuron_device();
-#else
+void DeviceRegistry::add(Device& device) {
+  const DeviceType type = device.type();
+  for (const Device* d : devices_) {
+    TORUS_CHECK(d->type() != type, InvalidArgument, "device kind '{}' is registered twice", device_type_name(type));
+    TORUS_CHECK(type == DeviceType::kCPU || d->type() == DeviceType::kCPU, InvalidArgument,
+                "device kinds '{}' and '{}' are both registered: a build has at most one accelerator",
+                device_type_name(d->type()), device_type_name(type));
+  }
+  devices_.push_back(&device);
+}
+
+namespace {
+
+const DeviceRegistry& registry() {
+  static const DeviceRegistry r = [] {
+    DeviceRegistry built;
+    register_built_devices(built);
+    return built;
+  }();
+  return r;
+}
+
+Device* find_device(DeviceType type) noexcept {
+  for (Device* d : registry().devices()) {
+    if (d->type() == type) return d;
+  }
   return nullptr;
-#endif
+}
+
+}  // namespace
+
+bool registered(DeviceType type) noexcept { return find_device(type) != nullptr; }
+
+std::vector<DeviceType> registered_kinds() {
+  std::vector<DeviceType> kinds;
+  for (const Device* d : registry().devices()) kinds.push_back(d->type());
+  std::stable_partition(kinds.begin(), kinds.end(), [](DeviceType t) { return t == DeviceType::kCPU; });
+  return kinds;
+}
+
+Device* accelerator() {
+  for (Device* d : registry().devices()) {
+    if (d->type() != DeviceType::kCPU) return d;
+  }
+  return nullptr;
 }
 
 DeviceType accelerator_type() {
@@ -161,9 +192,8 @@ DeviceType accelerator_type() {
 }
 
 Device& get_device(DeviceType type) {
-  if (type == DeviceType::kCPU) return cpu_device();
+  if (Device* d = find_device(type)) return *d;
   Device* a = accelerator();
-  if (a != nullptr && a->type() == type) return *a;
   throw Unsupported(fmt::format("device type '{}' is not built into this Torus (accelerator: {})",
                                 device_type_name(type), a != nullptr ? device_type_name(a->type()) : "none"));
 }
@@ -236,16 +266,19 @@ StreamGuard::~StreamGuard() {
 
 // --- buffers --------------------------------------------------------------------
 
-DeviceBuffer::DeviceBuffer(DeviceType type, size_t bytes) : device_(&get_device(type)), bytes_(bytes) {
-  ptr_ = device_->allocate(bytes);
+template <BufferMemory M>
+Buffer<M>::Buffer(DeviceType type, size_t bytes) : device_(&get_device(type)), bytes_(bytes) {
+  ptr_ = M == BufferMemory::kDevice ? device_->allocate(bytes) : device_->allocate_pinned(bytes);
 }
 
-DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept
+template <BufferMemory M>
+Buffer<M>::Buffer(Buffer&& other) noexcept
     : device_(std::exchange(other.device_, nullptr)),
       ptr_(std::exchange(other.ptr_, nullptr)),
       bytes_(std::exchange(other.bytes_, 0)) {}
 
-DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
+template <BufferMemory M>
+Buffer<M>& Buffer<M>::operator=(Buffer&& other) noexcept {
   if (this != &other) {
     reset();
     device_ = std::exchange(other.device_, nullptr);
@@ -255,55 +288,21 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
   return *this;
 }
 
-void DeviceBuffer::reset() noexcept {
-  if (device_ != nullptr && ptr_ != nullptr) device_->deallocate(ptr_);
-  device_ = nullptr;
-  ptr_ = nullptr;
-  bytes_ = 0;
-}
-
-PinnedBuffer::PinnedBuffer(DeviceType type, size_t bytes) : device_(&get_device(type)), bytes_(bytes) {
-  ptr_ = device_->allocate_pinned(bytes);
-}
-
-PinnedBuffer::PinnedBuffer(PinnedBuffer&& other) noexcept
-    : device_(std::exchange(other.device_, nullptr)),
-      ptr_(std::exchange(other.ptr_, nullptr)),
-      bytes_(std::exchange(other.bytes_, 0)) {}
-
-PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& other) noexcept {
-  if (this != &other) {
-    reset();
-    device_ = std::exchange(other.device_, nullptr);
-    ptr_ = std::exchange(other.ptr_, nullptr);
-    bytes_ = std::exchange(other.bytes_, 0);
+template <BufferMemory M>
+void Buffer<M>::reset() noexcept {
+  if (device_ != nullptr && ptr_ != nullptr) {
+    if (M == BufferMemory::kDevice) {
+      device_->deallocate(ptr_);
+    } else {
+      device_->deallocate_pinned(ptr_);
+    }
   }
-  return *this;
-}
-
-void PinnedBuffer::reset() noexcept {
-  if (device_ != nullptr && ptr_ != nullptr) device_->deallocate_pinned(ptr_);
   device_ = nullptr;
   ptr_ = nullptr;
   bytes_ = 0;
 }
 
-#if !TORUS_WITH_NEURON
-// --- neuron.h in a build without Neuron ---------------------------------------------
-
-namespace neuron {
-
-RuntimeInfo runtime_info() noexcept {
-  RuntimeInfo info;
-  info.reason = "this Torus was built without the Neuron backend (configure with TORUS_WITH_NEURON=ON)";
-  return info;
-}
-
-AllocatorStats allocator_stats() { throw Unsupported(runtime_info().reason); }
-void empty_cache() { throw Unsupported(runtime_info().reason); }
-void reset_peak_stats() { throw Unsupported(runtime_info().reason); }
-
-}  // namespace neuron
-#endif
+template class Buffer<BufferMemory::kDevice>;
+template class Buffer<BufferMemory::kPinned>;
 
 }  // namespace torus::device

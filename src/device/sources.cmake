@@ -1,14 +1,17 @@
 # The device layer: the CPU device always; the CUDA device with TORUS_WITH_CUDA,
 # or the Neuron device with TORUS_WITH_NEURON (its runtime is opened at run
-# time: nothing to link but libdl).
+# time: nothing to link but libdl). Each kind registers itself
+# (torus_register_device, Note [Device registration]).
 # The CUDA runtime is linked as a shared library (libcudart.so), the same one
 # LibTorch's CUDA build loads, so that streams and events cross between them.
 target_sources(torus_base PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/device.cpp
   ${CMAKE_CURRENT_LIST_DIR}/cpu_device.cpp)
+torus_register_device(cpu)
 if(TORUS_WITH_CUDA)
   target_sources(torus_base PRIVATE ${CMAKE_CURRENT_LIST_DIR}/cuda/cuda_device.cpp)
   target_link_libraries(torus_base PUBLIC CUDA::cudart)
+  torus_register_device(cuda)
 endif()
 if(TORUS_WITH_NEURON)
   target_sources(torus_base PRIVATE
@@ -17,4 +20,8 @@ if(TORUS_WITH_NEURON)
     ${CMAKE_CURRENT_LIST_DIR}/neuron/neuron_device.cpp
     ${CMAKE_CURRENT_LIST_DIR}/neuron/neff_program.cpp)
   target_link_libraries(torus_base PUBLIC ${CMAKE_DL_LIBS})
+  torus_register_device(neuron)
+else()
+  # torus/device/neuron.h answers "not built".
+  target_sources(torus_base PRIVATE ${CMAKE_CURRENT_LIST_DIR}/neuron/neuron_absent.cpp)
 endif()

@@ -7,17 +7,11 @@
 #include <cstdlib>
 #include <optional>
 
+#include "comm/backend_registry.h"
 #include "torus/comm/context.h"
-#include "torus/config.h"
+#include "torus/comm/store.h"
 #include "torus/core/error.h"
 #include "torus/core/logging.h"
-
-#if TORUS_BACKEND_TESTS_STORE
-#include "torus/comm/store.h"
-#if TORUS_WITH_MPI
-#include "comm/mpi/mpi_bootstrap.h"
-#endif
-#endif
 
 namespace torus::comm::test {
 
@@ -81,26 +75,25 @@ class BackendEnvironment : public testing::Environment {
 
   // --- Hook: the Store for backends that rendezvous through one (ofi) -------
   // Rank 0 hosts a TcpStoreServer on loopback with a fresh job token; port
-  // and token reach the other ranks through MPI (mpi_bootstrap_broadcast)
-  // when MPI is built in, else from TORUS_TEST_STORE_PORT and
-  // TORUS_TEST_STORE_TOKEN (rank 0 then listens on that port). Compiled only
-  // into builds with such a backend (TORUS_BACKEND_TESTS_STORE).
+  // and token reach the other ranks through MPI (the registry's "mpi"
+  // launcher channel) when MPI is built in, else from TORUS_TEST_STORE_PORT
+  // and TORUS_TEST_STORE_TOKEN (rank 0 then listens on that port).
   std::shared_ptr<Store> make_store() {
-#if TORUS_BACKEND_TESTS_STORE
     std::string host = "127.0.0.1";
     int port = 0;
     std::string token;
-#if TORUS_WITH_MPI
-    runtime_hold_ = mpi_runtime_hold();  // MPI stays up until TearDown
-    if (launch_.rank == 0) {
-      token = generate_job_token();
-      store_server_ = std::make_unique<TcpStoreServer>(TcpStoreServer::Options{host, 0, token});
-      port = store_server_->port();
+    if (const LauncherChannel* mpi = launcher_channel("mpi")) {
+      runtime_hold_ = mpi->hold();  // MPI stays up until TearDown
+      if (launch_.rank == 0) {
+        token = generate_job_token();
+        store_server_ = std::make_unique<TcpStoreServer>(TcpStoreServer::Options{host, 0, token});
+        port = store_server_->port();
+      }
+      std::string shared = mpi->broadcast(std::to_string(port) + " " + token, timeout_);
+      port = std::stoi(shared.substr(0, shared.find(' ')));
+      token = shared.substr(shared.find(' ') + 1);
+      return connect_store(host, port, token);
     }
-    std::string shared = mpi_bootstrap_broadcast(std::to_string(port) + " " + token, timeout_);
-    port = std::stoi(shared.substr(0, shared.find(' ')));
-    token = shared.substr(shared.find(' ') + 1);
-#else
     port = static_cast<int>(env_int("TORUS_TEST_STORE_PORT").value_or(0));
     const char* t = std::getenv("TORUS_TEST_STORE_TOKEN");
     token = t ? t : "";
@@ -110,17 +103,16 @@ class BackendEnvironment : public testing::Environment {
     if (launch_.rank == 0) {
       store_server_ = std::make_unique<TcpStoreServer>(TcpStoreServer::Options{host, port, token});
     }
-#endif
+    return connect_store(host, port, token);
+  }
+
+  std::shared_ptr<Store> connect_store(const std::string& host, int port, const std::string& token) const {
     TcpStore::Options options;
     options.host = host;
     options.port = port;
     options.token = token;
     options.connect_timeout = timeout_;
     return std::make_shared<TcpStore>(options);
-#else
-    throw Unsupported("this build of the backend tests has no Store hook (TORUS_BACKEND_TESTS_STORE); backend '" +
-                      name_ + "' needs one");
-#endif
   }
 
   std::string name_;
@@ -129,11 +121,7 @@ class BackendEnvironment : public testing::Environment {
   HostMap hosts_;
   BackendPtr world_;
   std::shared_ptr<void> runtime_hold_;
-#if TORUS_BACKEND_TESTS_STORE
   std::unique_ptr<TcpStoreServer> store_server_;
-#else
-  std::unique_ptr<int> store_server_;
-#endif
 };
 
 // gtest owns the environment.

@@ -1,10 +1,8 @@
 // The mpi backend beyond the common contract: the bootstrap helpers the
 // Context uses, the launch cross-check of the world backend, and receive
-// size mismatches. Skipped when the suite runs on another backend.
-#include "torus/config.h"
-
-#if TORUS_WITH_MPI
-
+// size mismatches. Skipped when the suite runs on another backend; compiled
+// into builds with the mpi backend only (tests/backend/tests.cmake), since it
+// calls the backend's private helpers.
 #include <cstdlib>
 
 #include "backend_fixture.h"
@@ -81,5 +79,3 @@ TEST(MpiBackend, TruncatedRecvBreaksTheGroup) {
 
 }  // namespace
 }  // namespace torus::comm::test
-
-#endif  // TORUS_WITH_MPI

@@ -3,23 +3,20 @@
 # backend_fixture.h). Links torus_base only (no LibTorch).
 # Order matters: gtest runs tests in link order, and the fault tests, which
 # leave abandoned requests behind on their own groups, come last.
-add_executable(torus_backend_tests
+set(_backend_test_sources
   ${CMAKE_CURRENT_LIST_DIR}/backend_fixture.cpp
   ${CMAKE_CURRENT_LIST_DIR}/collectives_test.cpp
   ${CMAKE_CURRENT_LIST_DIR}/all_to_all_test.cpp
   ${CMAKE_CURRENT_LIST_DIR}/p2p_test.cpp
   ${CMAKE_CURRENT_LIST_DIR}/split_test.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/invalid_args_test.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/mpi_specific_test.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/fault_test.cpp)
-target_link_libraries(torus_backend_tests PRIVATE torus_test_main torus_base)
-# The Store hook (backend_fixture.cpp) is compiled only into builds with a
-# backend that needs a Store.
-if(TORUS_WITH_OFI)
-  target_compile_definitions(torus_backend_tests PRIVATE TORUS_BACKEND_TESTS_STORE=1)
-else()
-  target_compile_definitions(torus_backend_tests PRIVATE TORUS_BACKEND_TESTS_STORE=0)
+  ${CMAKE_CURRENT_LIST_DIR}/invalid_args_test.cpp)
+if(TORUS_WITH_MPI)
+  # The mpi backend's own helpers, private to MPI builds.
+  list(APPEND _backend_test_sources ${CMAKE_CURRENT_LIST_DIR}/mpi_specific_test.cpp)
 endif()
+list(APPEND _backend_test_sources ${CMAKE_CURRENT_LIST_DIR}/fault_test.cpp)
+add_executable(torus_backend_tests ${_backend_test_sources})
+target_link_libraries(torus_backend_tests PRIVATE torus_test_main torus_base)
 
 if(TORUS_WITH_MPI)
   foreach(n 1 2 3 4)

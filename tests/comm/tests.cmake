@@ -1,9 +1,20 @@
-# Tensor-level ProcessGroup / DeviceMesh tests on 1–4 ranks (host backend).
-add_executable(torus_pg_tests ${CMAKE_CURRENT_LIST_DIR}/process_group_test.cpp)
+# Tensor-level ProcessGroup / DeviceMesh tests on 1–4 ranks on the mpi host
+# backend where built (the ofi runs, the default otherwise, follow). The
+# ofi-only file comes first: gtest runs tests in link order, and the last test
+# leaves a group timed out.
+set(_pg_mpi)
+if(TORUS_WITH_MPI)
+  set(_pg_mpi TORUS_BACKEND=mpi)
+endif()
+set(_pg_sources ${CMAKE_CURRENT_LIST_DIR}/process_group_test.cpp)
+if(TORUS_WITH_OFI)
+  list(PREPEND _pg_sources ${CMAKE_CURRENT_LIST_DIR}/process_group_ofi_test.cpp)
+endif()
+add_executable(torus_pg_tests ${_pg_sources})
 target_link_libraries(torus_pg_tests PRIVATE torus_test_main torus)
 foreach(_np 1 2 3 4)
   torus_add_mpi_test(NAME process_group_np${_np} TARGET torus_pg_tests NP ${_np} LABELS "comm" TIMEOUT 240
-                     ARGS --gtest_filter=-ProcessGroupOnOfi.*)
+                     ARGS --gtest_filter=-ProcessGroupOnOfi.* ENV ${_pg_mpi})
 endforeach()
 
 # The shared host allocator in one process (no launcher).
@@ -23,8 +34,18 @@ endif()
 # binary: the Context is destroyed inside the test), on every host backend.
 add_executable(torus_store_shutdown_tests ${CMAKE_CURRENT_LIST_DIR}/store_shutdown_test.cpp)
 target_link_libraries(torus_store_shutdown_tests PRIVATE torus_test_main torus_base)
-torus_add_mpi_test(NAME store_shutdown_np3 TARGET torus_store_shutdown_tests NP 3 LABELS "comm;store" TIMEOUT 60)
+torus_add_mpi_test(NAME store_shutdown_np3 TARGET torus_store_shutdown_tests NP 3 LABELS "comm;store" TIMEOUT 60
+                   ENV ${_pg_mpi})
 if(TORUS_WITH_OFI)
   torus_add_mpi_test(NAME store_shutdown_ofi_np2 TARGET torus_store_shutdown_tests NP 2 LABELS "comm;store;ofi"
                      TIMEOUT 60 ENV TORUS_BACKEND=ofi)
 endif()
+
+# The backend registry and the default host backend, on 2 ranks: as is, and
+# with a libfabric provider that does not exist (mpi is then the default).
+add_executable(torus_backend_registry_tests ${CMAKE_CURRENT_LIST_DIR}/backend_registry_test.cpp)
+target_link_libraries(torus_backend_registry_tests PRIVATE torus_test_main torus_base)
+torus_add_mpi_test(NAME backend_registry_np2 TARGET torus_backend_registry_tests NP 2 LABELS "comm;backend"
+                   TIMEOUT 60)
+torus_add_mpi_test(NAME backend_registry_no_provider_np2 TARGET torus_backend_registry_tests NP 2
+                   LABELS "comm;backend" TIMEOUT 60 ENV FI_PROVIDER=no-such-provider TORUS_TEST_OFI_UNUSABLE=1)

@@ -10,7 +10,6 @@
 #include <vector>
 
 #include "device/gpu_test_util.h"
-#include "torus/config.h"
 #include "torus/core/error.h"
 #include "torus/device/device.h"
 
@@ -71,27 +70,56 @@ TEST(CpuDevice, HandlesMoveAndInvalidUse) {
   EXPECT_NE(c.data(), nullptr);
 }
 
+// DeviceBuffer and PinnedBuffer are one mechanism: each owns its kind of
+// memory, moves it, and gives it back on reset.
+TEST(CpuDevice, PinnedBufferMovesAndResets) {
+  PinnedBuffer a(DeviceType::kCPU, 48);
+  ASSERT_NE(a.data(), nullptr);
+  EXPECT_EQ(a.size(), 48u);
+  void* p = a.data();
+  PinnedBuffer b;
+  b = std::move(a);
+  EXPECT_EQ(a.data(), nullptr);  // NOLINT(bugprone-use-after-move)
+  EXPECT_EQ(a.size(), 0u);       // NOLINT(bugprone-use-after-move)
+  EXPECT_EQ(b.data(), p);
+  EXPECT_EQ(b.as<char>(), static_cast<char*>(p));
+  b.reset();
+  EXPECT_EQ(b.data(), nullptr);
+  EXPECT_EQ(b.size(), 0u);
+  EXPECT_EQ(DeviceBuffer(DeviceType::kCPU, 0).data(), nullptr);
+  EXPECT_THROW(PinnedBuffer(DeviceType::kNeuron, 8), Unsupported);
+}
+
 TEST(DeviceRegistry, BuiltTypes) {
   EXPECT_EQ(&get_device(DeviceType::kCPU), &cpu_device());
   EXPECT_THROW(get_device(DeviceType::kNeuron), Unsupported);
   EXPECT_TRUE(current_stream(DeviceType::kCPU).valid());
-#if TORUS_WITH_CUDA
-  ASSERT_NE(accelerator(), nullptr);
-  EXPECT_EQ(accelerator_type(), DeviceType::kCUDA);
-  EXPECT_EQ(&get_device(DeviceType::kCUDA), accelerator());
-#else
-  EXPECT_EQ(accelerator(), nullptr);
-  EXPECT_EQ(accelerator_type(), DeviceType::kCPU);
-  EXPECT_THROW(get_device(DeviceType::kCUDA), Unsupported);
-  EXPECT_THROW(select_device_for_local_rank(0, 1), Unsupported);
-#endif
+  EXPECT_TRUE(registered(DeviceType::kCPU));
+  EXPECT_FALSE(registered(DeviceType::kNeuron));
+  ASSERT_FALSE(registered_kinds().empty());
+  EXPECT_EQ(registered_kinds().front(), DeviceType::kCPU);
+  if (registered(DeviceType::kCUDA)) {
+    ASSERT_NE(accelerator(), nullptr);
+    EXPECT_EQ(accelerator_type(), DeviceType::kCUDA);
+    EXPECT_EQ(&get_device(DeviceType::kCUDA), accelerator());
+    EXPECT_EQ(registered_kinds(), (std::vector<DeviceType>{DeviceType::kCPU, DeviceType::kCUDA}));
+  } else {
+    EXPECT_EQ(accelerator(), nullptr);
+    EXPECT_EQ(accelerator_type(), DeviceType::kCPU);
+    EXPECT_THROW(get_device(DeviceType::kCUDA), Unsupported);
+    EXPECT_THROW(select_device_for_local_rank(0, 1), Unsupported);
+    EXPECT_EQ(registered_kinds(), (std::vector<DeviceType>{DeviceType::kCPU}));
+  }
 }
 
-#if TORUS_WITH_CUDA
+// The CUDA tests skip, saying so, in a build without the CUDA device kind.
+#define TORUS_REQUIRE_CUDA_KIND() \
+  if (!registered(DeviceType::kCUDA)) GTEST_SKIP() << "the CUDA device kind is not built into this Torus"
 
 // Runs everywhere: without a GPU the CUDA device reports 0 devices and every
 // operation that needs one fails with a clear torus::Error.
 TEST(CudaDevice, WithoutAGpuFailsClearly) {
+  TORUS_REQUIRE_CUDA_KIND();
   Device& d = get_device(DeviceType::kCUDA);
   if (d.count() > 0) GTEST_SKIP() << "a GPU is present: " << d.describe();
   EXPECT_NE(d.describe().find("no CUDA device"), std::string::npos) << d.describe();
@@ -107,7 +135,10 @@ TEST(CudaDevice, WithoutAGpuFailsClearly) {
 
 class CudaDeviceGpu : public ::testing::Test {
  protected:
-  void SetUp() override { TORUS_REQUIRE_ACCELERATOR(); }
+  void SetUp() override {
+    TORUS_REQUIRE_CUDA_KIND();
+    TORUS_REQUIRE_ACCELERATOR();
+  }
   Device& d() { return get_device(DeviceType::kCUDA); }
 };
 
@@ -187,8 +218,6 @@ TEST_F(CudaDeviceGpu, CurrentStreamIsThreadLocalAndNests) {
   }
   EXPECT_EQ(current_stream(DeviceType::kCUDA).native_handle(), nullptr);
 }
-
-#endif  // TORUS_WITH_CUDA
 
 }  // namespace
 }  // namespace torus::device

@@ -61,7 +61,6 @@ add_executable(torus_neuron_backend_tests ${CMAKE_CURRENT_LIST_DIR}/neuron_backe
                ${CMAKE_CURRENT_LIST_DIR}/host_offload_test.cpp
                ${PROJECT_SOURCE_DIR}/tests/backend/backend_fixture.cpp)
 target_link_libraries(torus_neuron_backend_tests PRIVATE torus_test_main torus_base)
-target_compile_definitions(torus_neuron_backend_tests PRIVATE TORUS_BACKEND_TESTS_STORE=$<BOOL:${TORUS_WITH_OFI}>)
 add_dependencies(torus_neuron_backend_tests torus_fake_nrt)
 foreach(n 2 3 4)
   torus_add_mpi_test(NAME neuron_backend_np${n} TARGET torus_neuron_backend_tests NP ${n} LABELS "neuron;backend"
@@ -87,7 +86,6 @@ if(TORUS_WITH_OFI)
   add_executable(torus_ofi_neuron_tests ${CMAKE_CURRENT_LIST_DIR}/ofi_neuron_test.cpp
                  ${PROJECT_SOURCE_DIR}/tests/backend/backend_fixture.cpp)
   target_link_libraries(torus_ofi_neuron_tests PRIVATE torus_test_main torus_base ${CMAKE_DL_LIBS})
-  target_compile_definitions(torus_ofi_neuron_tests PRIVATE TORUS_BACKEND_TESTS_STORE=1)
   add_dependencies(torus_ofi_neuron_tests torus_fake_nrt)
   set(_ofi_neuron ${_fake} TORUS_TEST_BACKEND=ofi-neuron FI_PROVIDER=tcp FI_TCP_IFACE=lo)
   foreach(n 2 3)

@@ -7,8 +7,14 @@ endforeach()
 
 add_executable(torus_dp_tests ${CMAKE_CURRENT_LIST_DIR}/ddp_test.cpp)
 target_link_libraries(torus_dp_tests PRIVATE torus_test_main torus)
+# On the mpi host backend where built; the ofi runs (the default host
+# backend) follow.
+set(_ddp_mpi)
+if(TORUS_WITH_MPI)
+  set(_ddp_mpi TORUS_BACKEND=mpi)
+endif()
 foreach(_np 1 2 3 4)
-  torus_add_mpi_test(NAME ddp_np${_np} TARGET torus_dp_tests NP ${_np} LABELS "parallel" TIMEOUT 240)
+  torus_add_mpi_test(NAME ddp_np${_np} TARGET torus_dp_tests NP ${_np} LABELS "parallel" TIMEOUT 240 ENV ${_ddp_mpi})
 endforeach()
 # The same on the ofi backend, where the buckets (shared host memory) take
 # the zero-copy host path (forced from the smallest sizes: the test models

@@ -55,7 +55,7 @@ struct InitOptions {
   std::string master_addr;
   std::optional<int> master_port;
   std::string job_token;
-  std::string host_backend;   // "mpi" | "ofi"; empty: TORUS_BACKEND, else the first built
+  std::string host_backend;   // "mpi" | "ofi"; empty: TORUS_BACKEND, else the fastest usable
   Duration timeout{0};        // default op deadline; 0: TORUS_TIMEOUT_MS (10 min)
 };
 
@@ -137,8 +137,8 @@ class Context {
 };
 
 // Factory used by Context for the world backend of a given name. Each backend
-// lives in its own directory and provides one of these (see
-// src/comm/backend_factory.cpp). Throws Unsupported for a name not built in.
+// lives in its own directory and registers itself (torus/comm/backends.h).
+// Throws Unsupported for a name not built in, listing those that are.
 struct BackendInit {
   const LaunchInfo* launch = nullptr;
   const HostMap* hosts = nullptr;

@@ -9,6 +9,8 @@
 #include <cstring>
 #include <numeric>
 
+#include "comm/backend_registry.h"
+#include "comm/mpi/mpi_bootstrap.h"
 #include "comm/mpi/mpi_check.h"
 #include "core/log.h"
 #include "kernels/cpu/reduce.h"
@@ -535,6 +537,27 @@ BackendPtr create_mpi_world_backend(const BackendInit& init) {
   auto comm = std::make_shared<mpi::MpiComm>(*dup, GroupInfo{"world", rank, size, mpi::iota_ranks(size)},
                                              /*owned=*/true);
   return std::make_shared<mpi::MpiBackend>(std::move(runtime), std::move(comm));
+}
+
+// Note [Backend registration]: mpi is a host backend that serves a job
+// launched by mpirun (or a single process, which MPI sees alone), and
+// mpirun's runtime is the bootstrap's channel before the store exists.
+void register_mpi_backend(BackendRegistry& registry) {
+  BackendFactory f;
+  f.name = "mpi";
+  f.role = BackendRole::kHost;
+  f.preference = 10;
+  f.usability = [](const BackendInit& init) {
+    if (init.launch != nullptr && !init.launch->launched_by_mpi && init.launch->world_size > 1) {
+      return Usability{false, "not launched by mpirun"};
+    }
+    return Usability{true, "Open MPI"};
+  };
+  f.create = create_mpi_world_backend;
+  registry.add(std::move(f));
+  registry.add_channel("mpi", LauncherChannel{mpi_runtime_hold, [](const std::string& value, Duration timeout) {
+                                                return mpi_bootstrap_broadcast(value, timeout);
+                                              }});
 }
 
 }  // namespace torus::comm

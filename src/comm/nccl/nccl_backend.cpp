@@ -12,6 +12,7 @@
 #include <numeric>
 #include <thread>
 
+#include "comm/backend_registry.h"
 #include "comm/nccl/efa_check.h"
 #include "comm/nccl/nccl_check.h"
 #include "comm/nccl/nccl_comm.h"
@@ -489,6 +490,23 @@ BackendPtr create_nccl_world_backend(const BackendInit& init) {
   std::shared_ptr<NcclBackend> b = create_nccl_backend(ni);
   nccl::log_efa_check();  // after init: NCCL has loaded its network plugin by now
   return b;
+}
+
+// Note [Backend registration]: nccl is the device backend of CUDA memory,
+// made by the bootstrap whenever the process sees a CUDA device. Every rank
+// decides alike (a job is homogeneous); ranks without a GPU in a GPU job
+// fail in the NCCL bootstrap with a clear error.
+void register_nccl_backend(BackendRegistry& registry) {
+  BackendFactory f;
+  f.name = "nccl";
+  f.role = BackendRole::kDevice;
+  f.memory = DeviceType::kCUDA;
+  f.usability = [](const BackendInit&) {
+    device::Device& d = device::get_device(DeviceType::kCUDA);
+    return d.count() > 0 ? Usability{true, d.describe()} : Usability{false, d.describe()};
+  };
+  f.create = create_nccl_world_backend;
+  registry.add(std::move(f));
 }
 
 }  // namespace torus::comm

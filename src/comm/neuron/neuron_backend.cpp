@@ -10,6 +10,7 @@
 #include <mutex>
 #include <numeric>
 
+#include "comm/backend_registry.h"
 #include "comm/nccl/watchdog.h"
 #include "core/log.h"
 #include "device/neuron/neuron_device.h"
@@ -402,6 +403,17 @@ BackendPtr create_neuron_world_backend(const BackendInit& init) {
   TORUS_LOG_DEBUG("neuron comm backend: rank {} of {} on NeuronCore {} (Neuron runtime {})", l.rank, l.world_size,
                   world->core, lib.version_string());
   return std::make_shared<NeuronBackend>(std::move(world), std::move(g));
+}
+
+// Note [Backend registration]: the Neuron runtime's collectives, on Neuron
+// device memory, made by name only.
+void register_neuron_backend(BackendRegistry& registry) {
+  BackendFactory f;
+  f.name = "neuron";
+  f.role = BackendRole::kNamed;
+  f.memory = DeviceType::kNeuron;
+  f.create = create_neuron_world_backend;
+  registry.add(std::move(f));
 }
 
 }  // namespace torus::comm

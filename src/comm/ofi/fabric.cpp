@@ -80,24 +80,39 @@ int get_info(const FabricOptions& o, bool hmem, fi_info** list) {
   return rc;
 }
 
-}  // namespace
-
-Fabric::Fabric(const FabricOptions& options) {
+// The providers libfabric offers for `options` (without FI_HMEM) and the one
+// the Fabric takes from them. Throws CommError when none fits.
+struct Choice {
+  InfoPtr all;
+  const fi_info* pick = nullptr;
+};
+Choice choose_info(const FabricOptions& options) {
   fi_info* list = nullptr;
   const int rc = get_info(options, false, &list);
   std::string asked = options.provider.empty() ? std::string("(any)") : options.provider;
   TORUS_CHECK_OFI(rc, "no libfabric provider offers RDM endpoints with FI_TAGGED|FI_MSG for provider '{}' "
                       "(check FI_PROVIDER / TORUS_OFI_PROVIDER and `fi_info -t FI_EP_RDM`)", asked);
-  InfoPtr all(list);
-  const fi_info* pick = list;
+  Choice c{InfoPtr(list), list};
   if (options.provider.empty()) {
-    while (pick != nullptr && is_avoided(pick, options.avoid)) pick = pick->next;
-    TORUS_CHECK(pick != nullptr, CommError, "libfabric offers no RDM provider other than [{}]",
+    while (c.pick != nullptr && is_avoided(c.pick, options.avoid)) c.pick = c.pick->next;
+    TORUS_CHECK(c.pick != nullptr, CommError, "libfabric offers no RDM provider other than [{}]",
                 fmt::join(options.avoid, ", "));
   }
-  info_.reset(fi_dupinfo(pick));
+  return c;
+}
+
+}  // namespace
+
+std::string Fabric::find_provider(const FabricOptions& options) {
+  Choice c = choose_info(options);
+  return c.pick->fabric_attr->prov_name ? c.pick->fabric_attr->prov_name : "?";
+}
+
+Fabric::Fabric(const FabricOptions& options) {
+  Choice c = choose_info(options);
+  info_.reset(fi_dupinfo(c.pick));
   TORUS_CHECK(info_ != nullptr, CommError, "fi_dupinfo failed");
-  all.reset();
+  c.all.reset();
   // Device buffers: the provider and domain chosen above, asked again with
   // FI_HMEM; without it when they do not offer it (the world's choice of
   // provider never depends on HMEM).

@@ -93,6 +93,9 @@ class Fabric {
   // Throws CommError (no provider matches, or a call failed), naming the
   // provider asked for.
   explicit Fabric(const FabricOptions& options);
+  // The provider a Fabric made with `options` would take, without opening
+  // anything. Throws CommError like the constructor when none fits.
+  static std::string find_provider(const FabricOptions& options);
   ~Fabric();
   Fabric(const Fabric&) = delete;
   Fabric& operator=(const Fabric&) = delete;

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <random>
 
+#include "comm/backend_registry.h"
 #include "comm/ofi/ofi_group.h"
 #include "comm/ofi/spin.h"
 #include "core/log.h"
@@ -670,6 +671,22 @@ void set_up_device_buffers(World& world, Fabric& fabric, const LaunchInfo& launc
 
 }  // namespace
 
+namespace {
+
+// How the world's endpoint is asked for: the provider named by the options,
+// else shm when every rank is on one host, else any RDM provider but shm.
+FabricOptions world_fabric_options(const OfiOptions& given, const HostMap& hosts) {
+  FabricOptions fo;
+  fo.provider = given.provider;
+  if (fo.provider.empty() && hosts.num_hosts() <= 1) fo.provider = "shm";
+  if (hosts.num_hosts() > 1) fo.avoid.emplace_back("shm");
+  fo.register_local = given.register_local;
+  fo.want_hmem = given.memory != DeviceType::kCPU && given.hmem == OfiOptions::Hmem::kAuto;
+  return fo;
+}
+
+}  // namespace
+
 BackendPtr create_world_backend(const BackendInit& init, const OfiOptions& given) {
   TORUS_CHECK(init.launch != nullptr && init.hosts != nullptr && init.store != nullptr, InvalidArgument,
               "ofi backend needs launch info, a host map and a store");
@@ -689,13 +706,7 @@ BackendPtr create_world_backend(const BackendInit& init, const OfiOptions& given
   world->timeout = init.timeout.count() > 0 ? init.timeout : env_params().timeout;
   world->tuning = {given.rd_max_bytes, given.tree_max_bytes, given.chunk_bytes, given.window};
 
-  FabricOptions fo;
-  fo.provider = given.provider;
-  if (fo.provider.empty() && hosts.num_hosts() <= 1) fo.provider = "shm";
-  if (hosts.num_hosts() > 1) fo.avoid.emplace_back("shm");
-  fo.register_local = given.register_local;
-  fo.want_hmem = given.memory != DeviceType::kCPU && given.hmem == OfiOptions::Hmem::kAuto;
-  auto fabric = std::make_unique<Fabric>(fo);
+  auto fabric = std::make_unique<Fabric>(world_fabric_options(given, hosts));
   if (rank == 0) {
     TORUS_LOG_INFO("ofi: {}; {} ranks on {} hosts; host segment {}; reductions {}", fabric->describe(), size,
                    hosts.num_hosts(), given.host_shm ? "on" : "off", kernels::reduce_isa());
@@ -774,6 +785,44 @@ namespace torus::comm {
 
 BackendPtr create_ofi_world_backend(const BackendInit& init) {
   return ofi::create_world_backend(init, ofi::OfiOptions::from_env());
+}
+
+// Note [Backend registration]: ofi is the preferred host backend wherever
+// libfabric offers a provider for the job's hosts (shm on one host, else the
+// first RDM provider but shm: world_fabric_options), since its own
+// collectives beat Open MPI's on one host (docs/decisions.md); and, in a
+// build with the Neuron device, the same backend on Neuron device memory
+// ("ofi-neuron", Note [Device buffers] in device_ops.cpp), made by name only.
+void register_ofi_backend(BackendRegistry& registry) {
+  BackendFactory f;
+  f.name = "ofi";
+  f.role = BackendRole::kHost;
+  f.preference = 20;
+  f.usability = [](const BackendInit& init) {
+    if (init.hosts == nullptr) return Usability{false, "no host map"};
+    try {
+      const std::string provider =
+          ofi::Fabric::find_provider(ofi::world_fabric_options(ofi::OfiOptions::from_env(), *init.hosts));
+      return Usability{true, fmt::format("libfabric provider {} on {} host(s)", provider, init.hosts->num_hosts())};
+    } catch (const CommError& e) {  // a bad TORUS_OFI_* value still throws: it is no reason to fall back
+      return Usability{false, e.what()};
+    }
+  };
+  f.create = create_ofi_world_backend;
+  registry.add(std::move(f));
+
+  if (device::registered(DeviceType::kNeuron)) {
+    BackendFactory n;
+    n.name = "ofi-neuron";
+    n.role = BackendRole::kNamed;
+    n.memory = DeviceType::kNeuron;
+    n.create = [](const BackendInit& init) {
+      ofi::OfiOptions options = ofi::OfiOptions::from_env();
+      options.memory = DeviceType::kNeuron;
+      return ofi::create_world_backend(init, options);
+    };
+    registry.add(std::move(n));
+  }
 }
 
 }  // namespace torus::comm

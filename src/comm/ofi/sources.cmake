@@ -24,4 +24,5 @@ if(TORUS_WITH_OFI)
     ${CMAKE_CURRENT_LIST_DIR}/ofi_backend.cpp)
   target_link_libraries(torus_base PUBLIC PkgConfig::FABRIC)
   target_link_libraries(torus PRIVATE PkgConfig::FABRIC)
+  torus_register_backend(ofi)  # and ofi-neuron where the Neuron device is registered
 endif()

@@ -10,6 +10,7 @@
 
 #include "core/cuda_check.h"
 #include "core/log.h"
+#include "device/registry.h"
 
 namespace torus::device::cuda {
 namespace {
@@ -187,3 +188,10 @@ DeviceGuard::~DeviceGuard() {
 }
 
 }  // namespace torus::device::cuda
+
+namespace torus::device {
+
+// Note [Device registration].
+void register_cuda_device(DeviceRegistry& registry) { registry.add(cuda::cuda_device()); }
+
+}  // namespace torus::device

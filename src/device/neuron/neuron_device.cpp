@@ -24,6 +24,7 @@
 #include "core/log.h"
 #include "device/neuron/neuron_memory.h"
 #include "device/neuron/nrt_api.h"
+#include "device/registry.h"
 
 namespace torus::device::neuron {
 namespace {
@@ -226,3 +227,10 @@ void empty_cache() { NeuronMemory::get().empty_cache(); }
 void reset_peak_stats() { NeuronMemory::get().reset_peak_stats(); }
 
 }  // namespace torus::device::neuron
+
+namespace torus::device {
+
+// Note [Device registration].
+void register_neuron_device(DeviceRegistry& registry) { registry.add(neuron::neuron_device()); }
+
+}  // namespace torus::device
