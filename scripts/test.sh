@@ -10,11 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-extra=()
-if [[ -z "${TORUS_NO_CUDA:-}" ]] && command -v nvcc >/dev/null 2>&1; then
-  extra+=(-DTORUS_WITH_CUDA=ON -DTORUS_WITH_NCCL=ON)
-fi
-scripts/build.sh "${extra[@]}" "$@"
+scripts/build.sh "$@"  # the same configure as scripts/main.sh (build.sh chooses CUDA)
 
 # The Neuron configuration (exclusive with CUDA, hence its own build tree).
 BUILD=${TORUS_BUILD_DIR:-build}

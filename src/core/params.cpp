@@ -90,6 +90,8 @@ const std::set<std::string, std::less<>>& known_variables() {
       // shared host memory (docs/comm.md)
       "TORUS_SHARED_HOST_ALLOC", "TORUS_SHARED_HOST_ALLOC_MIN_BYTES", "TORUS_SHARED_HOST_SLAB_BYTES",
       "TORUS_SHARED_HOST_CACHE_BYTES", "TORUS_SHARED_HOST_FORK",
+      // MFU (docs/train.md)
+      "TORUS_PEAK_CACHE",
       // optimizers (docs/optim.md)
       "TORUS_CPU_ADAM_ISA",
       // Neuron runtime (docs/neuron.md)
@@ -204,6 +206,15 @@ EnvParams EnvParams::from_env() {
   }
   p.ofi = ofi_from_env();
   p.shared_host = shared_host_from_env();
+  if (auto v = env_string("TORUS_PEAK_CACHE")) {
+    TORUS_CHECK(*v == "off" || v->front() == '/', InvalidArgument,
+                "TORUS_PEAK_CACHE='{}' must be an absolute path or off", *v);
+    if (*v != "off") p.peak_cache = *v;
+  } else if (auto x = env_string("XDG_CACHE_HOME"); x && x->front() == '/') {
+    p.peak_cache = *x + "/torus/peak_flops.json";  // the XDG spec: a relative value is ignored
+  } else if (auto h = env_string("HOME"); h && h->front() == '/') {
+    p.peak_cache = *h + "/.cache/torus/peak_flops.json";
+  }
   if (auto v = env_string("TORUS_CPU_ADAM_ISA")) {
     TORUS_CHECK(*v == "auto" || *v == "scalar" || *v == "avx2" || *v == "avx512", InvalidArgument,
                 "TORUS_CPU_ADAM_ISA='{}' must be auto, scalar, avx2 or avx512", *v);
@@ -264,6 +275,7 @@ std::vector<std::pair<std::string, std::string>> EnvParams::describe() const {
       {"TORUS_SHARED_HOST_SLAB_BYTES", opt(shared_host.slab_bytes)},
       {"TORUS_SHARED_HOST_CACHE_BYTES", opt(shared_host.cache_bytes)},
       {"TORUS_SHARED_HOST_FORK", shared_host.fork_copy ? "copy" : "view"},
+      {"TORUS_PEAK_CACHE", peak_cache.empty() ? "off" : peak_cache},
       {"TORUS_CPU_ADAM_ISA", cpu_adam_isa.empty() ? "auto" : cpu_adam_isa},
       {"TORUS_NEURON_LIBRARY", neuron_library.empty() ? "libnrt.so.1" : neuron_library},
   };

@@ -25,3 +25,16 @@ else()
   # torus/device/neuron.h answers "not built".
   target_sources(torus_base PRIVATE ${CMAKE_CURRENT_LIST_DIR}/neuron/neuron_absent.cpp)
 endif()
+
+# The hardware table (include/torus/device/hardware.h): one JSON file, shared
+# with torus-launch, embedded into the library as a string. Editing it
+# re-runs the configure step.
+set(TORUS_HARDWARE_TABLE ${PROJECT_SOURCE_DIR}/python/torus/launch/hardware.json)
+file(READ ${TORUS_HARDWARE_TABLE} TORUS_HARDWARE_JSON)
+set_property(DIRECTORY ${PROJECT_SOURCE_DIR} APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${TORUS_HARDWARE_TABLE})
+configure_file(${CMAKE_CURRENT_LIST_DIR}/hardware_table.cpp.in ${PROJECT_BINARY_DIR}/src/device/hardware_table.cpp
+               @ONLY)
+target_sources(torus_base PRIVATE
+  ${CMAKE_CURRENT_LIST_DIR}/hardware.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/peak_cache.cpp
+  ${PROJECT_BINARY_DIR}/src/device/hardware_table.cpp)

@@ -1,6 +1,7 @@
 // The option table of a training run (run_config.h), on CLI11.
 #include "torus/run/run_config.h"
 
+#include "torus/device/hardware.h"
 #include "torus/run/model_presets.h"
 
 #include <CLI/CLI.hpp>
@@ -92,7 +93,7 @@ std::vector<Entry> table(RunConfig& c) {
       {"zero-prefetch", &c.zero_prefetch, "--zero 3: blocks gathered ahead of the one running"},
       {"force", &c.force, "start even when the memory pre-check says the run does not fit"},
       {"plan", &c.plan, "let the planner (torus-plan) choose tp, pp, dp, ep, sp, schedule, ZeRO, offload, recompute and micro-batches for this world; prints its choice first"},
-      {"plan-hardware", &c.plan_hardware, "--plan: the hardware to plan for, a torus-plan preset (cpu: this host, measured)"},
+      {"plan-hardware", &c.plan_hardware, "--plan: the hardware to plan for: " + device::hardware_names() + " (cpu: this host, measured)"},
       // The layout's fields (parallel/layout.h) take their place here.
       {"", LayoutFields{&c.layout}, ""},
       {"optimizer", &c.optimizer, "sgd, adam or adamw"},
@@ -420,6 +421,8 @@ void RunConfig::validate() const {
   check(save_every >= 0 && keep_last >= 0 && save_timeout > 0,
         "--save-every and --keep-last must be >= 0, --save-timeout > 0");
   check(resume.empty() || init_from.empty(), "--resume and --init-from exclude each other: a resumed run has its weights");
+  check(device::find_hardware(plan_hardware) != nullptr,
+        fmt::format("--plan-hardware: unknown hardware '{}' (known: {})", plan_hardware, device::hardware_names()));
   check(zero_prefetch >= 0, fmt::format("--zero-prefetch must be >= 0, got {}", zero_prefetch));
 }
 

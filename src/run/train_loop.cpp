@@ -133,6 +133,7 @@ struct TrainLoop::Impl {
   MemoryBudget available;
   std::unique_ptr<Trainer> trainer;
   double peak = 0;
+  std::string peak_source;  // how `peak` was obtained (the config record says it)
   std::function<void(std::string_view)> sink;
   std::vector<std::function<void(const StepRecord&)>> observers;
   std::vector<std::function<void(int64_t)>> begin_observers;
@@ -284,12 +285,16 @@ TrainLoop::TrainLoop(comm::ProcessGroupPtr world, RunConfig config, std::string 
   // Note [Honest MFU].
   if (c.peak_tflops > 0) {
     m.peak = c.peak_tflops * 1e12;
+    m.peak_source = "--peak-tflops";
   } else if (m.model->device().is_cuda()) {
     const auto props = device::get_device(DeviceType::kCUDA).properties(std::max<int>(0, m.model->device().index()));
     m.peak = cuda_dense_peak_flops(props.name, m.model->param_dtype()) * m.world->size();
+    m.peak_source = m.peak > 0 ? "datasheet " + props.name : "none";
     if (m.peak == 0) TORUS_LOG_WARN("train: no documented peak for '{}': MFU is left out", props.name);
   } else {
-    m.peak = measure_job_cpu_peak_flops(m.world, m.model->param_dtype());
+    const JobPeak peak = measure_job_cpu_peak_flops(m.world, m.model->param_dtype());
+    m.peak = peak.flops;
+    m.peak_source = peak.source;
   }
 }
 
@@ -352,6 +357,7 @@ RunSummary TrainLoop::run() {
                 {"parameters", trainer.num_parameters()},
                 {"flops_per_token", flops_per_token},
                 {"peak_flops", m.peak},
+                {"peak_source", m.peak_source},
                 {"data", Json::parse(m.run_desc.data)}};
     cfg["options"] = Json::parse(c.to_json());
     const MemoryEstimate& e = m.estimate;  // the fullest pipeline rank's, the same on every rank

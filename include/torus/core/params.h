@@ -97,6 +97,12 @@ struct EnvParams {
     bool fork_copy = false;                      // TORUS_SHARED_HOST_FORK: view (false) | copy (true)
   } shared_host;
 
+  // --- MFU (docs/train.md, "MFU") -------------------------------------------------
+  // The file that keeps measured CPU peaks per host (torus/device/peak_cache.h):
+  // TORUS_PEAK_CACHE (a path, or "off"), else $XDG_CACHE_HOME/torus/peak_flops.json,
+  // else $HOME/.cache/torus/peak_flops.json. Empty: off (measure every run).
+  std::string peak_cache;
+
   // --- optimizers (docs/optim.md, "CPU Adam") ------------------------------------
   std::string cpu_adam_isa;                      // TORUS_CPU_ADAM_ISA: auto | scalar | avx2 | avx512 (empty: auto)
 

@@ -43,7 +43,10 @@
 // on CUDA the device's documented dense peak for the parameter dtype
 // (peak_flops.h) times the ranks; on CPU measured once per host with every
 // core busy — local rank 0 of each host runs a GEMM of the run's dtype on
-// all cores while the host's other ranks wait — summed over hosts. Measured
+// all cores while the host's other ranks wait — summed over hosts, and kept
+// per host for later runs (Note [Stable CPU peak] in peak_flops.h). The
+// config record's "peak_source" says which: "--peak-tflops", "datasheet
+// <device>", "measured" or "cached from <date>". Measured
 // this way an MFU above 100% cannot happen unless the GEMM measurement is
 // slower than the model, which the loop reports as a warning.
 //

@@ -1,12 +1,17 @@
 """The facts torus-launch renders from and checks against: one table of
 instance types, one of platforms and one of EFA-related environment variables.
 
-Everything else in the package reads these tables; nothing restates a device
-count or a variable name. docs/launch.md and docs/efa.md explain each entry.
+The instance types are the machines of hardware.json (beside this file) that
+have a "launch" entry: the one table of hardware facts, which the C++ library
+embeds too (include/torus/device/hardware.h). Everything else in the package
+reads these tables; nothing restates a device count or a variable name.
+docs/launch.md and docs/efa.md explain each entry.
 """
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
@@ -29,15 +34,27 @@ class Instance:
     hugepages_2mi: str = "5120Mi"   # EFA's libfabric buffers (see docs/launch.md)
 
 
-INSTANCES: Dict[str, Instance] = {
-    i.name: i
-    for i in (
-        Instance("p4d.24xlarge", "gpu", 8, "nvidia.com/gpu", 8, 4, cpu="90", memory="1000Gi"),
-        Instance("p5.48xlarge", "gpu", 8, "nvidia.com/gpu", 8, 32, cpu="180", memory="1800Gi"),
-        Instance("trn1.32xlarge", "neuron", 32, "aws.amazon.com/neuron", 16, 8,
-                 alt_device=("aws.amazon.com/neuroncore", 32), cpu="120", memory="480Gi"),
-    )
-}
+HARDWARE_TABLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hardware.json")
+
+
+def _load_instances(path: str = HARDWARE_TABLE) -> Dict[str, Instance]:
+    with open(path, encoding="utf-8") as f:
+        table = json.load(f)
+    kinds = {d["name"]: d["kind"] for d in table["devices"]}
+    out: Dict[str, Instance] = {}
+    for m in table["machines"]:
+        launch = m.get("launch")
+        if not launch:
+            continue
+        alt = launch.get("alt_device")
+        out[m["instance"]] = Instance(m["instance"], kinds[m["device"]], m["devices_per_node"],
+                                      launch["device_resource"], launch["device_count"], m["efa"],
+                                      alt_device=(alt[0], alt[1]) if alt else None, cpu=launch["pod_cpu"],
+                                      memory=launch["pod_memory"], hugepages_2mi=launch["pod_hugepages_2mi"])
+    return out
+
+
+INSTANCES: Dict[str, Instance] = _load_instances()
 
 EFA_RESOURCE = "vpc.amazonaws.com/efa"
 HUGEPAGES_RESOURCE = "hugepages-2Mi"
