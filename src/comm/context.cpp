@@ -13,6 +13,7 @@
 #include <map>
 #include <thread>
 
+#include "comm/agent_store.h"
 #include "comm/backend_registry.h"
 #include "comm/op_failures.h"
 #include "comm/store_token.h"
@@ -98,7 +99,7 @@ std::shared_ptr<Context> Context::create(const InitOptions& options) {
   std::string host;
   int port = 0;
   std::optional<LocalTokenPath> local_token;  // set when the token travels through a file
-  if (L.world_size == 1 && L.master_addr.empty()) {
+  if (L.world_size == 1 && (L.master_addr.empty() || L.agent_store)) {
     if (token.empty()) token = generate_job_token();
     ctx->server_ = std::make_unique<TcpStoreServer>(TcpStoreServer::Options{"127.0.0.1", 0, token});
     host = "127.0.0.1";
@@ -128,6 +129,53 @@ std::shared_ptr<Context> Context::create(const InitOptions& options) {
     host = payload.substr(0, sp1);
     port = std::stoi(payload.substr(sp1 + 1, sp2 - sp1 - 1));
     token = payload.substr(sp2 + 1);
+  } else if (L.agent_store) {
+    // Note [torchrun's agent store] (context.h): rank 0 listens on a port of
+    // its own and says where through the agent's store, under a key of this
+    // restart attempt.
+    const std::string key = agent_store_key(*L.agent_store);
+    auto agent = connect_agent_store(L.master_addr, L.master_port, params.store_timeout);
+    AgentStoreRecord record;
+    const char* token_via = "TORUS_JOB_TOKEN";
+    if (L.rank == 0) {
+      record.host = !params.socket_ifname.empty() ? interface_address(params.socket_ifname)
+                    : single_host_hint            ? std::string("127.0.0.1")
+                                                  : interface_address("");
+      const bool generated = token.empty();
+      if (generated) token = generate_job_token();
+      ctx->server_ = std::make_unique<TcpStoreServer>(TcpStoreServer::Options{record.host, 0, token});
+      record.port = ctx->server_->port();
+      if (generated && is_loopback(record.host)) {
+        // Note [Local job token]: on loopback the token need not leave this user's files.
+        ctx->token_file_ =
+            std::make_unique<LocalTokenFile>(local_token_path(params.runtime_dir, record.host, record.port));
+        ctx->token_file_->publish(token);
+        token_via = "a file only this user can read";
+      } else if (generated) {
+        record.token = token;
+        token_via = "the agent's store, with the address";
+      }
+      agent->set_string(key, encode_agent_store_record(record));
+    } else {
+      record = decode_agent_store_record(agent->get_string(key, params.store_timeout));
+      if (!record.token.empty()) {
+        token = record.token;
+      } else if (token.empty()) {
+        TORUS_CHECK(is_loopback(record.host), InvalidArgument,
+                    "rank 0 published its store at {}:{} without a token, so it has TORUS_JOB_TOKEN: set the same "
+                    "TORUS_JOB_TOKEN on every rank",
+                    record.host, record.port);
+        local_token = local_token_path(params.runtime_dir, record.host, record.port);
+      }
+    }
+    host = record.host;
+    port = record.port;
+    if (L.rank == 0) {
+      TORUS_LOG_INFO(
+          "store: torchrun's agent serves {}:{}, so Torus's store listens on {}:{}, its address handed "
+          "to the ranks through the agent's store ({}), the job token through {}",
+          L.master_addr, L.master_port, host, port, key, token_via);
+    }
   } else {
     host = L.master_addr;
     port = L.master_port;

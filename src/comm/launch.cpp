@@ -2,6 +2,7 @@
 // following the precedence written in context.h. The TORUS_* values come
 // parsed (EnvParams); the launcher's variables are read here, through the
 // injected lookup, since which of them count depends on which are present.
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -83,6 +84,17 @@ int slurm_local_size(const Reader& env) {
   return -1;
 }
 
+// TORCHELASTIC_USE_AGENT_STORE as torchrun writes it (str(bool): "True" or
+// "False"); 1/0 and any case are taken too.
+bool agent_store_flag(const Reader& env) {
+  std::string v = env.string("TORCHELASTIC_USE_AGENT_STORE");
+  for (auto& c : v) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (v.empty() || v == "false" || v == "0") return false;
+  TORUS_CHECK(v == "true" || v == "1", InvalidArgument, "TORCHELASTIC_USE_AGENT_STORE='{}' is not True or False",
+              env.string("TORCHELASTIC_USE_AGENT_STORE"));
+  return true;
+}
+
 }  // namespace
 
 LaunchInfo detect_launch(const InitOptions& options, const EnvParams& params, const GetEnv& launcher_env) {
@@ -162,11 +174,23 @@ LaunchInfo detect_launch(const InitOptions& options, const EnvParams& params, co
   // recipes). Empty means the bootstrap chooses (Open MPI launches).
   info.master_addr = options.master_addr;
   if (info.master_addr.empty()) info.master_addr = params.master_addr;
-  if (info.master_addr.empty()) info.master_addr = env.string("MASTER_ADDR");
+  const bool addr_from_launcher = info.master_addr.empty();
+  if (addr_from_launcher) info.master_addr = env.string("MASTER_ADDR");
   std::optional<int> port = options.master_port;
   if (!port) port = params.master_port;
+  const bool port_from_launcher = !port;
   if (!port) port = env.integer("MASTER_PORT", 0);
   info.master_port = port.value_or(0);
+
+  // torchrun's agent serves its own store at MASTER_ADDR:MASTER_PORT (Note
+  // [torchrun's agent store] in context.h). An address given to Torus itself
+  // (options, TORUS_MASTER_*) is Torus's to listen on, agent or not.
+  if (addr_from_launcher && port_from_launcher && !info.master_addr.empty() && agent_store_flag(env)) {
+    auto attempt = env.integer("TORCHELASTIC_RESTART_COUNT", 0);
+    TORUS_CHECK(attempt.has_value(), InvalidArgument,
+                "TORCHELASTIC_USE_AGENT_STORE is set without TORCHELASTIC_RESTART_COUNT: not a torchrun worker?");
+    info.agent_store = AgentStoreInfo{env.string("TORCHELASTIC_RUN_ID"), *attempt};
+  }
   TORUS_CHECK(info.master_port >= 0 && info.master_port <= 65535, InvalidArgument, "master port {} is not a port",
               info.master_port);
   TORUS_CHECK(info.world_size == 1 || info.launched_by_mpi || !info.master_addr.empty(), InvalidArgument,

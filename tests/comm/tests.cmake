@@ -49,3 +49,29 @@ torus_add_mpi_test(NAME backend_registry_np2 TARGET torus_backend_registry_tests
                    TIMEOUT 60)
 torus_add_mpi_test(NAME backend_registry_no_provider_np2 TARGET torus_backend_registry_tests NP 2
                    LABELS "comm;backend" TIMEOUT 60 ENV FI_PROVIDER=no-such-provider TORUS_TEST_OFI_UNUSABLE=1)
+# The client of torchrun's agent store against an in-process c10d TCPStore
+# server (one process); the end-to-end runs under torchrun are below.
+add_executable(torus_agent_store_tests ${CMAKE_CURRENT_LIST_DIR}/agent_store_c10d_test.cpp)
+target_link_libraries(torus_agent_store_tests PRIVATE torus_test_main torus)
+torus_add_test(NAME agent_store_c10d TARGET torus_agent_store_tests LABELS "comm;store" TIMEOUT 120)
+
+# Launched by torchrun, whose agent serves its own store at MASTER_ADDR:
+# MASTER_PORT: torus-train under --standalone and --master-port on one node,
+# under two agents joined by a c10d rendezvous (the multi-node form), and the
+# README's Python snippet, also restarted by the agent (torchrun_test.py).
+set(_torchrun_test ${TORUS_PYTHON_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/torchrun_test.py)
+add_test(NAME torchrun_train_standalone
+         COMMAND ${_torchrun_test} standalone ${TORUS_PYTHON_EXECUTABLE} $<TARGET_FILE:torus-train>)
+add_test(NAME torchrun_train_multinode
+         COMMAND ${_torchrun_test} multinode ${TORUS_PYTHON_EXECUTABLE} $<TARGET_FILE:torus-train>)
+set_tests_properties(torchrun_train_standalone PROPERTIES TIMEOUT 480 LABELS "multirank;np2;comm;torchrun;train"
+                     PROCESSORS 1)
+set_tests_properties(torchrun_train_multinode PROPERTIES TIMEOUT 330 LABELS "multirank;np2;comm;torchrun;train"
+                     PROCESSORS 1)
+if(TORUS_BUILD_PYTHON)
+  add_test(NAME torchrun_python_snippet
+           COMMAND ${_torchrun_test} python ${TORUS_PYTHON_EXECUTABLE} $<TARGET_FILE:torus-train>
+                   ${PROJECT_BINARY_DIR}/python)
+  set_tests_properties(torchrun_python_snippet PROPERTIES TIMEOUT 330 LABELS "multirank;np2;comm;torchrun;python"
+                       PROCESSORS 1)
+endif()

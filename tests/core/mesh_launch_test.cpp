@@ -206,6 +206,72 @@ TEST(Launch, UnderEachLauncher) {
   EXPECT_EQ(detect_launch(none, one_per_pod, pod).source, "torus-env");
 }
 
+// Under torchrun its agent serves the store at MASTER_ADDR:MASTER_PORT (Note
+// [torchrun's agent store]): the launch says so, with the restart attempt.
+TEST(Launch, TorchrunAgentStore) {
+  InitOptions none;
+  std::map<std::string, std::string> vars = {{"RANK", "1"},
+                                             {"WORLD_SIZE", "2"},
+                                             {"LOCAL_RANK", "1"},
+                                             {"LOCAL_WORLD_SIZE", "2"},
+                                             {"MASTER_ADDR", "node0"},
+                                             {"MASTER_PORT", "29611"},
+                                             {"TORCHELASTIC_RUN_ID", "job7"},
+                                             {"TORCHELASTIC_RESTART_COUNT", "3"},
+                                             {"TORCHELASTIC_USE_AGENT_STORE", "True"}};
+  LaunchInfo t = detect_launch(none, {}, env_of(vars));
+  EXPECT_EQ(t.source, "torchrun");
+  ASSERT_TRUE(t.agent_store.has_value());
+  EXPECT_EQ(t.agent_store->run_id, "job7");
+  EXPECT_EQ(t.agent_store->restart_count, 3);
+  EXPECT_EQ(t.master_addr, "node0");
+  EXPECT_EQ(t.master_port, 29611);
+
+  // torchrun writes str(bool); without the agent's store (its opt-out) rank 0 hosts at MASTER_ADDR as before.
+  for (const char* off : {"False", "0", ""}) {
+    auto v = vars;
+    v["TORCHELASTIC_USE_AGENT_STORE"] = off;
+    EXPECT_FALSE(detect_launch(none, {}, env_of(v)).agent_store.has_value()) << off;
+  }
+  auto unset = vars;
+  unset.erase("TORCHELASTIC_USE_AGENT_STORE");
+  EXPECT_FALSE(detect_launch(none, {}, env_of(unset)).agent_store.has_value());
+  auto lower = vars;
+  lower["TORCHELASTIC_USE_AGENT_STORE"] = "true";
+  EXPECT_TRUE(detect_launch(none, {}, env_of(lower)).agent_store.has_value());
+
+  // An address given to Torus itself is Torus's to listen on, agent or not.
+  EnvParams own;
+  own.master_addr = "10.0.0.9";
+  own.master_port = 4100;
+  LaunchInfo m = detect_launch(none, own, env_of(vars));
+  EXPECT_FALSE(m.agent_store.has_value());
+  EXPECT_EQ(m.master_addr, "10.0.0.9");
+  EnvParams own_port;
+  own_port.master_port = 4100;  // MASTER_ADDR with Torus's own port: not the agent's endpoint either
+  EXPECT_FALSE(detect_launch(none, own_port, env_of(vars)).agent_store.has_value());
+  InitOptions opts;
+  opts.master_addr = "127.0.0.1";
+  opts.master_port = 4200;
+  EXPECT_FALSE(detect_launch(opts, {}, env_of(vars)).agent_store.has_value());
+
+  // Bad values are named.
+  auto bad = vars;
+  bad["TORCHELASTIC_USE_AGENT_STORE"] = "maybe";
+  try {
+    detect_launch(none, {}, env_of(bad));
+    ADD_FAILURE() << "TORCHELASTIC_USE_AGENT_STORE=maybe accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("TORCHELASTIC_USE_AGENT_STORE"), std::string::npos) << e.what();
+  }
+  auto no_count = vars;
+  no_count.erase("TORCHELASTIC_RESTART_COUNT");
+  EXPECT_THROW(detect_launch(none, {}, env_of(no_count)), InvalidArgument);
+  auto neg = vars;
+  neg["TORCHELASTIC_RESTART_COUNT"] = "-1";
+  EXPECT_THROW(detect_launch(none, {}, env_of(neg)), InvalidArgument);
+}
+
 TEST(Launch, RejectsInconsistentInput) {
   InitOptions none;
   EXPECT_THROW(detect_launch(none, {}, env_of({{"RANK", "4"}, {"WORLD_SIZE", "4"}, {"MASTER_ADDR", "h"},

@@ -1,7 +1,9 @@
 # The rendezvous store: protocol unit tests, client/server semantics, the
 # security tests (authentication, admission under a flood, validation, the
-# seeded fuzz storm) and the token file of loopback jobs.
+# seeded fuzz storm), the token file of loopback jobs and the record published
+# through torchrun's agent store.
 add_executable(torus_store_tests
+  ${CMAKE_CURRENT_LIST_DIR}/agent_store_test.cpp
   ${CMAKE_CURRENT_LIST_DIR}/store_protocol_test.cpp
   ${CMAKE_CURRENT_LIST_DIR}/store_test.cpp
   ${CMAKE_CURRENT_LIST_DIR}/store_security_test.cpp
@@ -11,6 +13,7 @@ torus_add_test(NAME store_protocol TARGET torus_store_tests ARGS --gtest_filter=
 torus_add_test(NAME store_api TARGET torus_store_tests ARGS --gtest_filter=Store.* LABELS store TIMEOUT 120)
 torus_add_test(NAME store_security TARGET torus_store_tests ARGS --gtest_filter=StoreSecurity.*:StoreFuzz.* LABELS store TIMEOUT 120)
 torus_add_test(NAME store_token TARGET torus_store_tests ARGS --gtest_filter=StoreToken.* LABELS store TIMEOUT 60)
+torus_add_test(NAME store_agent_record TARGET torus_store_tests ARGS --gtest_filter=AgentStore.* LABELS store TIMEOUT 60)
 
 # A two-process loopback job without TORUS_JOB_TOKEN through the real
 # bootstrap (ofi backend over shm; no launcher needed).
