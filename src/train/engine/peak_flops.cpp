@@ -134,7 +134,8 @@ JobPeak measure_job_cpu_peak_flops(const comm::ProcessGroupPtr& world, c10::Scal
   } else if (measured == 0) {
     out.source = "cached from " + date;
   } else {
-    out.source = fmt::format("measured on {} of {} hosts, cached (newest from {}) on the others", measured, hosts, date);
+    out.source =
+        fmt::format("measured on {} of {} hosts, cached (newest from {}) on the others", measured, hosts, date);
   }
   return out;
 }
