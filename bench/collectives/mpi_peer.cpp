@@ -208,9 +208,10 @@ int main(int argc, char** argv) {
   using namespace torus::bench;
   SweepOptions o;
   try {
-    Args args(argc, argv);
-    o = parse_sweep_options(args, all_op_names(), all_op_names());
-    args.finish();
+    Cli cli;
+    add_sweep_options(cli, o, all_op_names(), all_op_names());
+    cli.parse(argc, argv);
+    check_sweep_options(o);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "torus-bench-mpi-peer: %s\n", e.what());
     return 1;

@@ -71,32 +71,33 @@ void print_help() {
 }
 
 Options parse(int argc, char** argv) {
-  Args args(argc, argv);
+  Cli cli;
   Options o;
-  o.sweep = parse_sweep_options(args, all_op_names(), all_op_names());
-  if (auto v = args.value({"--backend"})) o.backend = *v;
-  if (auto v = args.value({"-d", "--dtype"})) o.dtype = dtype_from_name(*v);
-  if (auto v = args.value({"-o", "--redop"})) {
-    o.redop = comm::reduce_op_from_name(*v);
+  add_sweep_options(cli, o.sweep, all_op_names(), all_op_names());
+  cli.option("--backend", [&o](const std::string& v) { o.backend = v; });
+  cli.option("-d,--dtype", [&o](const std::string& v) { o.dtype = dtype_from_name(v); });
+  cli.option("-o,--redop", [&o](const std::string& v) {
+    o.redop = comm::reduce_op_from_name(v);
     if (o.redop != ReduceOp::kSum && o.redop != ReduceOp::kMax && o.redop != ReduceOp::kMin) {
       throw InvalidArgument("--redop must be sum, max or min (the others have no exact expectation here)");
     }
-  }
-  if (auto v = args.value({"-r", "--root"})) o.root = std::stoi(*v);
-  if (auto v = args.value({"--timeout-ms"})) o.timeout = comm::Duration(std::stoll(*v));
-  o.list_backends = args.flag({"--list-backends"});
-  if (auto v = args.value({"--buffers"})) {
-    if (*v == "tensor") {
+  });
+  cli.option("-r,--root", [&o](const std::string& v) { o.root = std::stoi(v); });
+  cli.option("--timeout-ms", [&o](const std::string& v) { o.timeout = comm::Duration(std::stoll(v)); });
+  cli.flag("--list-backends", [&o] { o.list_backends = true; });
+  cli.option("--buffers", [&o](const std::string& v) {
+    if (v == "tensor") {
       o.buffers = BufferKind::kTensor;
-    } else if (*v == "heap" || *v == "user") {
+    } else if (v == "heap" || v == "user") {
       o.buffers = BufferKind::kHeap;
-    } else if (*v == "shared") {
+    } else if (v == "shared") {
       o.buffers = BufferKind::kShared;
     } else {
-      throw InvalidArgument("--buffers must be tensor, heap or shared, not " + *v);
+      throw InvalidArgument("--buffers must be tensor, heap or shared, not " + v);
     }
-  }
-  args.finish();
+  });
+  cli.parse(argc, argv);
+  check_sweep_options(o.sweep);
   return o;
 }
 

@@ -7,16 +7,25 @@
 #include <exception>
 #include <optional>
 
+#include "cli.h"
 #include "membw.h"
-#include "options.h"
 #include "report.h"
 #include "sweep.h"
 
 int main(int argc, char** argv) {
   using namespace torus::bench;
   try {
-    Args args(argc, argv);
-    if (args.flag({"-h", "--help"})) {
+    size_t bytes = size_t{64} << 20;
+    int runs = 9;
+    std::optional<std::string> json;
+    bool help = false;
+    Cli cli;
+    cli.flag("-h,--help", [&] { help = true; });
+    cli.option("--bytes", [&](const std::string& v) { bytes = parse_size(v); });
+    cli.option("--runs", [&](const std::string& v) { runs = std::stoi(v); });
+    cli.option("--json", [&](const std::string& v) { json = v; });
+    cli.parse(argc, argv);
+    if (help) {
       std::printf(
           "torus-bench-membw — single-core memcpy bandwidth (median of several copies).\n\n"
           "  --bytes SIZE   size of one copy (default 64M)\n"
@@ -25,13 +34,6 @@ int main(int argc, char** argv) {
           "GB/s = bytes copied / time, 1 GB = 1e9 B.\n");
       return 0;
     }
-    size_t bytes = size_t{64} << 20;
-    int runs = 9;
-    std::optional<std::string> json;
-    if (auto v = args.value({"--bytes"})) bytes = parse_size(*v);
-    if (auto v = args.value({"--runs"})) runs = std::stoi(*v);
-    json = args.value({"--json"});
-    args.finish();
     const MemcpyProbe probe = memcpy_probe(bytes, runs);
     std::printf("%s\n", describe(probe).c_str());
     if (json && !write_json(*json, {}, probe)) return 1;

@@ -1,49 +1,16 @@
-// bench/common/options.h — command-line handling shared by the collective
-// benchmarks: a tiny argument reader, and the sweep options they all accept
-// (-b/-e/-f or --sizes, --ops, --iters, --warmup, --iter-budget, --check,
-// --json, --no-probe), with their help text. Standard library only.
+// bench/common/options.h — the sweep options every collective benchmark
+// accepts (-b/-e/-f or --sizes, --ops, --iters, --warmup, --iter-budget,
+// --check, --json, --no-probe), declared on the shared command line
+// (cli.h), with their help text. Free of Torus.
 #pragma once
 
-#include <cstdint>
-
 #include <cstddef>
-#include <initializer_list>
-#include <optional>
 #include <string>
-#include <string_view>
 #include <vector>
 
+#include "cli.h"
+
 namespace torus::bench {
-
-// Consumes options in any order: "--name value", "--name=value", "-n value",
-// or bare flags. finish() rejects whatever was not consumed. Errors throw
-// std::invalid_argument with a message meant for the user.
-class Args {
- public:
-  Args(int argc, char** argv);
-  bool flag(std::initializer_list<std::string_view> names);
-  std::optional<std::string> value(std::initializer_list<std::string_view> names);
-  void finish() const;
-
- private:
-  std::vector<std::string> args_;
-  std::vector<bool> used_;
-};
-
-// "a,b,,c" -> {"a", "b", "c"} (empty items dropped).
-std::vector<std::string> split_list(const std::string& s);
-// The whole of `s` as an integer >= min, or std::invalid_argument naming
-// `what` ("--micro must be an integer >= 1, got 'x'").
-int64_t parse_int(const std::string& s, const char* what, int64_t min);
-// Sets `dest` from option `name` when it is given: an integer >= min
-// (std::invalid_argument otherwise).
-template <typename T>
-void read_int(Args& args, const char* name, T& dest, int64_t min = 1) {
-  if (auto v = args.value({name})) dest = static_cast<T>(parse_int(*v, name, min));
-}
-
-// The whole of `s` as a number >= 0 (`unit`, e.g. " in ms", ends the message).
-double parse_nonnegative(const std::string& s, const char* what, const char* unit = "");
 
 struct SweepOptions {
   size_t min_bytes = 8;
@@ -68,10 +35,13 @@ struct SweepOptions {
   std::vector<size_t> sweep() const;
 };
 
-// Reads the options above; `default_ops` when --ops is absent. Validates op
-// names against `known_ops`.
-SweepOptions parse_sweep_options(Args& args, const std::vector<std::string>& default_ops,
-                                 const std::vector<std::string>& known_ops);
+// Declares the options above on `cli`, to be read into `o`: `default_ops`
+// when --ops is absent; op names are checked against `known_ops`.
+void add_sweep_options(Cli& cli, SweepOptions& o, const std::vector<std::string>& default_ops,
+                       const std::vector<std::string>& known_ops);
+// After cli.parse(): the checks that span options (--minbytes <=
+// --maxbytes, a usable --stepfactor). Throws std::invalid_argument.
+void check_sweep_options(const SweepOptions& o);
 
 // Help lines for the options above.
 std::string sweep_options_help();

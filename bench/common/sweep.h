@@ -83,19 +83,6 @@ inline std::vector<size_t> size_sweep(size_t min_bytes, size_t max_bytes, double
   return sizes;
 }
 
-// Comma separated list, empty items dropped.
-inline std::vector<std::string> split_list(std::string_view text) {
-  std::vector<std::string> items;
-  size_t start = 0;
-  while (start <= text.size()) {
-    size_t end = text.find(',', start);
-    if (end == std::string_view::npos) end = text.size();
-    if (end > start) items.emplace_back(text.substr(start, end - start));
-    start = end + 1;
-  }
-  return items;
-}
-
 inline bool op_splits_per_rank(std::string_view op) {
   return op == "reduce_scatter" || op == "all_gather" || op == "all_to_all";
 }

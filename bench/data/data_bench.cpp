@@ -83,18 +83,20 @@ struct Options {
 Options parse(int argc, char** argv) {
   Options o;
   try {
-    torus::bench::Args args(argc, argv);
-    if (args.flag({"--help", "-h"})) usage("");
-    if (auto v = args.value({"--tokens"})) o.tokens = static_cast<int64_t>(torus::bench::parse_size(*v));
-    torus::bench::read_int(args, "--seq", o.seq);
-    torus::bench::read_int(args, "--batch", o.batch);
-    torus::bench::read_int(args, "--dp", o.dp);
-    torus::bench::read_int(args, "--steps", o.steps);
-    if (auto v = args.value({"--dir"})) o.dir = *v;
-    if (args.flag({"--no-probe"})) o.probe = false;
-    if (auto v = args.value({"--commit"})) o.commit = *v;
-    if (auto v = args.value({"--json"})) o.json = *v;
-    args.finish();
+    torus::bench::Cli cli;
+    bool help = false;
+    cli.flag("--help,-h", [&] { help = true; });
+    cli.option("--tokens", [&](const std::string& v) { o.tokens = static_cast<int64_t>(torus::bench::parse_size(v)); });
+    torus::bench::int_option(cli, "--seq", o.seq);
+    torus::bench::int_option(cli, "--batch", o.batch);
+    torus::bench::int_option(cli, "--dp", o.dp);
+    torus::bench::int_option(cli, "--steps", o.steps);
+    cli.option("--dir", [&](const std::string& v) { o.dir = v; });
+    cli.flag("--no-probe", [&] { o.probe = false; });
+    cli.option("--commit", [&](const std::string& v) { o.commit = v; });
+    cli.option("--json", [&](const std::string& v) { o.json = v; });
+    cli.parse(argc, argv);
+    if (help) usage("");
   } catch (const std::invalid_argument& e) {
     usage(e.what());
   }

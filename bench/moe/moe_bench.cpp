@@ -132,21 +132,22 @@ struct Options {
 Options parse(int argc, char** argv) {
   Options o;
   try {
-    bench::Args args(argc, argv);
-    if (args.flag({"--help", "-h"})) usage("");
-    bench::read_int(args, "--experts", o.experts);
-    bench::read_int(args, "--top-k", o.top_k);
-    bench::read_int(args, "--hidden", o.hidden);
-    bench::read_int(args, "--ffn", o.ffn);
-    bench::read_int(args, "--seq", o.seq);
-    bench::read_int(args, "--batch", o.batch);
-    bench::read_int(args, "--ep", o.ep);
-    bench::read_int(args, "--steps", o.steps);
-    bench::read_int(args, "--warmup", o.warmup, 0);
-    bench::read_int(args, "--threads", o.threads);
-    if (auto v = args.value({"--capacities"})) {
+    bench::Cli cli;
+    bool help = false;
+    cli.flag("--help,-h", [&] { help = true; });
+    bench::int_option(cli, "--experts", o.experts);
+    bench::int_option(cli, "--top-k", o.top_k);
+    bench::int_option(cli, "--hidden", o.hidden);
+    bench::int_option(cli, "--ffn", o.ffn);
+    bench::int_option(cli, "--seq", o.seq);
+    bench::int_option(cli, "--batch", o.batch);
+    bench::int_option(cli, "--ep", o.ep);
+    bench::int_option(cli, "--steps", o.steps);
+    bench::int_option(cli, "--warmup", o.warmup, 0);
+    bench::int_option(cli, "--threads", o.threads);
+    cli.option("--capacities", [&](const std::string& v) {
       o.capacities.clear();
-      for (const auto& s : bench::split_list(*v)) {
+      for (const auto& s : bench::split_list(v)) {
         if (s == "dropless" || s == "none") {
           o.capacities.push_back(0.0);
         } else {
@@ -154,23 +155,24 @@ Options parse(int argc, char** argv) {
         }
       }
       if (o.capacities.empty()) throw std::invalid_argument("--capacities needs at least one value");
-    }
-    if (auto v = args.value({"--routers"})) {
-      o.routers = bench::split_list(*v);
+    });
+    cli.option("--routers", [&](const std::string& v) {
+      o.routers = bench::split_list(v);
       if (o.routers.empty()) throw std::invalid_argument("--routers needs at least one of balanced,skewed");
       for (const auto& r : o.routers) {
         if (r != "balanced" && r != "skewed") {
           throw std::invalid_argument("--routers: unknown router '" + r + "' (balanced, skewed)");
         }
       }
-    }
-    if (auto v = args.value({"--skew"})) o.skew = bench::parse_nonnegative(*v, "--skew");
-    if (auto v = args.value({"--goal"})) o.goal = bench::parse_nonnegative(*v, "--goal");
-    if (args.flag({"--no-dense"})) o.dense = false;
-    if (args.flag({"--no-probe"})) o.probe = false;
-    if (auto v = args.value({"--commit"})) o.commit = *v;
-    if (auto v = args.value({"--json", "--out"})) o.json = *v;
-    args.finish();
+    });
+    cli.option("--skew", [&](const std::string& v) { o.skew = bench::parse_nonnegative(v, "--skew"); });
+    cli.option("--goal", [&](const std::string& v) { o.goal = bench::parse_nonnegative(v, "--goal"); });
+    cli.flag("--no-dense", [&] { o.dense = false; });
+    cli.flag("--no-probe", [&] { o.probe = false; });
+    cli.option("--commit", [&](const std::string& v) { o.commit = v; });
+    cli.option("--json,--out", [&](const std::string& v) { o.json = v; });
+    cli.parse(argc, argv);
+    if (help) usage("");
     if (o.top_k > o.experts) throw std::invalid_argument("--top-k must be at most --experts");
   } catch (const std::invalid_argument& e) {
     usage(e.what());

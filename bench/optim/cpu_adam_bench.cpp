@@ -130,23 +130,24 @@ double traffic_gbps(int threads) {
 }  // namespace
 
 int main(int argc, char** argv) try {
-  torus::bench::Args args(argc, argv);
   std::vector<int> threads = {1, 2};
   std::vector<Case> cases;
+  std::string case_list = "1M,16M,64M,100x1M";
   double min_seconds = 1.0;
   std::string json_path;
-  if (auto v = args.value({"--threads"})) {
+  torus::bench::Cli cli;
+  cli.option("--threads", [&](const std::string& v) {
     threads.clear();
-    for (const auto& t : torus::bench::split_list(*v)) {
+    for (const auto& t : torus::bench::split_list(v)) {
       threads.push_back(static_cast<int>(torus::bench::parse_int(t, "--threads", 1)));
     }
-  }
-  for (const auto& c : torus::bench::split_list(args.value({"--cases"}).value_or("1M,16M,64M,100x1M"))) {
-    cases.push_back(parse_case(c));
-  }
-  if (auto v = args.value({"--min-seconds"})) min_seconds = torus::bench::parse_nonnegative(*v, "--min-seconds", " s");
-  json_path = args.value({"--json"}).value_or("");
-  args.finish();
+  });
+  cli.option("--cases", [&](const std::string& v) { case_list = v; });
+  cli.option("--min-seconds",
+             [&](const std::string& v) { min_seconds = torus::bench::parse_nonnegative(v, "--min-seconds", " s"); });
+  cli.option("--json", [&](const std::string& v) { json_path = v; });
+  cli.parse(argc, argv);
+  for (const auto& c : torus::bench::split_list(case_list)) cases.push_back(parse_case(c));
 
   nlohmann::json out;
   out["isa"] = std::string(cpu::isa_name(cpu::best_isa()));

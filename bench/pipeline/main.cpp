@@ -95,32 +95,35 @@ void print_help() {
 }
 
 Options parse(int argc, char** argv) {
-  Args args(argc, argv);
+  Cli cli;
   Options o;
-  o.help = args.flag({"-h", "--help"});
-  if (auto v = args.value({"--schedules"})) {
+  cli.flag("-h,--help", [&] { o.help = true; });
+  cli.option("--schedules", [&](const std::string& v) {
     o.schedules.clear();
-    for (const auto& n : split_list(*v)) o.schedules.push_back(pp::schedule_kind_from_name(n));
-  }
-  if (auto v = args.value({"--micro"})) {
+    for (const auto& n : split_list(v)) o.schedules.push_back(pp::schedule_kind_from_name(n));
+  });
+  cli.option("--micro", [&](const std::string& v) {
     o.micro.clear();
-    for (const auto& n : split_list(*v)) o.micro.push_back(static_cast<int>(parse_int(n, "--micro", 1)));
-  }
-  if (auto v = args.value({"--chunks"})) o.chunks = static_cast<int>(parse_int(*v, "--chunks", 1));
-  if (auto v = args.value({"--t-forward"})) o.costs.forward = parse_nonnegative(*v, "--t-forward", " in ms");
-  if (auto v = args.value({"--t-backward"})) o.costs.backward_input = parse_nonnegative(*v, "--t-backward", " in ms");
-  if (auto v = args.value({"--t-weight"})) o.costs.backward_weight = parse_nonnegative(*v, "--t-weight", " in ms");
-  if (auto v = args.value({"--work"})) {
-    if (*v != "sleep" && *v != "spin") throw std::invalid_argument("--work must be sleep or spin");
-    o.spin = *v == "spin";
-  }
-  if (auto v = args.value({"--elements"})) o.elements = static_cast<int>(parse_int(*v, "--elements", 1));
-  if (auto v = args.value({"-w", "--warmup"})) o.warmup = static_cast<int>(parse_int(*v, "--warmup", 0));
-  if (auto v = args.value({"-n", "--repeats"})) o.repeats = static_cast<int>(parse_int(*v, "--repeats", 1));
-  if (auto v = args.value({"--json"})) o.json = *v;
-  o.verbose = args.flag({"-v", "--verbose"});
-  if (auto v = args.value({"--prefetch"})) o.prefetch = static_cast<int>(parse_int(*v, "--prefetch", 0));
-  args.finish();
+    for (const auto& n : split_list(v)) o.micro.push_back(static_cast<int>(parse_int(n, "--micro", 1)));
+  });
+  cli.option("--chunks", [&](const std::string& v) { o.chunks = static_cast<int>(parse_int(v, "--chunks", 1)); });
+  cli.option("--t-forward",
+             [&](const std::string& v) { o.costs.forward = parse_nonnegative(v, "--t-forward", " in ms"); });
+  cli.option("--t-backward",
+             [&](const std::string& v) { o.costs.backward_input = parse_nonnegative(v, "--t-backward", " in ms"); });
+  cli.option("--t-weight",
+             [&](const std::string& v) { o.costs.backward_weight = parse_nonnegative(v, "--t-weight", " in ms"); });
+  cli.option("--work", [&](const std::string& v) {
+    if (v != "sleep" && v != "spin") throw std::invalid_argument("--work must be sleep or spin");
+    o.spin = v == "spin";
+  });
+  cli.option("--elements", [&](const std::string& v) { o.elements = static_cast<int>(parse_int(v, "--elements", 1)); });
+  cli.option("-w,--warmup", [&](const std::string& v) { o.warmup = static_cast<int>(parse_int(v, "--warmup", 0)); });
+  cli.option("-n,--repeats", [&](const std::string& v) { o.repeats = static_cast<int>(parse_int(v, "--repeats", 1)); });
+  cli.option("--json", [&](const std::string& v) { o.json = v; });
+  cli.flag("-v,--verbose", [&] { o.verbose = true; });
+  cli.option("--prefetch", [&](const std::string& v) { o.prefetch = static_cast<int>(parse_int(v, "--prefetch", 0)); });
+  cli.parse(argc, argv);
   return o;
 }
 

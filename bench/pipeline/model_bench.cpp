@@ -266,33 +266,33 @@ void print_help() {
 }
 
 Options parse(int argc, char** argv) {
-  Args args(argc, argv);
+  Cli cli;
   Options o;
-  o.help = args.flag({"-h", "--help"});
-  if (auto v = args.value({"--schedules"})) {
+  cli.flag("-h,--help", [&] { o.help = true; });
+  cli.option("--schedules", [&](const std::string& v) {
     o.schedules.clear();
-    for (const auto& n : split_list(*v)) o.schedules.push_back(pp::schedule_kind_from_name(n));
-  }
-  if (auto v = args.value({"--micro"})) {
+    for (const auto& n : split_list(v)) o.schedules.push_back(pp::schedule_kind_from_name(n));
+  });
+  cli.option("--micro", [&](const std::string& v) {
     o.micro.clear();
-    for (const auto& n : split_list(*v)) o.micro.push_back(static_cast<int>(parse_int(n, "--micro", 1)));
-  }
-  if (auto v = args.value({"--chunks"})) o.chunks = static_cast<int>(parse_int(*v, "--chunks", 1));
-  if (auto v = args.value({"--layers"})) o.layers = parse_int(*v, "--layers", 1);
-  if (auto v = args.value({"--hidden"})) o.hidden = parse_int(*v, "--hidden", 1);
-  if (auto v = args.value({"--heads"})) o.heads = parse_int(*v, "--heads", 1);
-  if (auto v = args.value({"--seq"})) o.seq = parse_int(*v, "--seq", 1);
-  if (auto v = args.value({"--micro-rows"})) o.micro_rows = parse_int(*v, "--micro-rows", 1);
-  if (auto v = args.value({"--lr"})) o.lr = parse_nonnegative(*v, "--lr");
-  if (auto v = args.value({"--seed"})) o.seed = parse_int(*v, "--seed", 0);
-  if (auto v = args.value({"--data"})) o.data = *v;
-  if (auto v = args.value({"--threads"})) o.threads = static_cast<int>(parse_int(*v, "--threads", 0));
-  if (auto v = args.value({"-w", "--warmup"})) o.warmup = static_cast<int>(parse_int(*v, "--warmup", 1));
-  if (auto v = args.value({"-n", "--repeats"})) o.repeats = static_cast<int>(parse_int(*v, "--repeats", 1));
-  if (auto v = args.value({"--loss-tol"})) o.loss_tol = parse_nonnegative(*v, "--loss-tol");
-  if (auto v = args.value({"--json"})) o.json = *v;
-  o.verbose = args.flag({"-v", "--verbose"});
-  args.finish();
+    for (const auto& n : split_list(v)) o.micro.push_back(static_cast<int>(parse_int(n, "--micro", 1)));
+  });
+  cli.option("--chunks", [&](const std::string& v) { o.chunks = static_cast<int>(parse_int(v, "--chunks", 1)); });
+  cli.option("--layers", [&](const std::string& v) { o.layers = parse_int(v, "--layers", 1); });
+  cli.option("--hidden", [&](const std::string& v) { o.hidden = parse_int(v, "--hidden", 1); });
+  cli.option("--heads", [&](const std::string& v) { o.heads = parse_int(v, "--heads", 1); });
+  cli.option("--seq", [&](const std::string& v) { o.seq = parse_int(v, "--seq", 1); });
+  cli.option("--micro-rows", [&](const std::string& v) { o.micro_rows = parse_int(v, "--micro-rows", 1); });
+  cli.option("--lr", [&](const std::string& v) { o.lr = parse_nonnegative(v, "--lr"); });
+  cli.option("--seed", [&](const std::string& v) { o.seed = parse_int(v, "--seed", 0); });
+  cli.option("--data", [&](const std::string& v) { o.data = v; });
+  cli.option("--threads", [&](const std::string& v) { o.threads = static_cast<int>(parse_int(v, "--threads", 0)); });
+  cli.option("-w,--warmup", [&](const std::string& v) { o.warmup = static_cast<int>(parse_int(v, "--warmup", 1)); });
+  cli.option("-n,--repeats", [&](const std::string& v) { o.repeats = static_cast<int>(parse_int(v, "--repeats", 1)); });
+  cli.option("--loss-tol", [&](const std::string& v) { o.loss_tol = parse_nonnegative(v, "--loss-tol"); });
+  cli.option("--json", [&](const std::string& v) { o.json = v; });
+  cli.flag("-v,--verbose", [&] { o.verbose = true; });
+  cli.parse(argc, argv);
   return o;
 }
 

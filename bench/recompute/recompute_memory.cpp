@@ -77,21 +77,21 @@ struct Options {
 Options parse(int argc, char** argv) {
   Options o;
   try {
-    bench::Args args(argc, argv);
-    if (args.flag({"--help", "-h"})) usage("");
-    bench::read_int(args, "--seq", o.seq);
-    bench::read_int(args, "--batch", o.batch);
-    bench::read_int(args, "--layers", o.layers);
-    bench::read_int(args, "--hidden", o.hidden);
-    bench::read_int(args, "--heads", o.heads);
-    bench::read_int(args, "--vocab", o.vocab);
-    bench::read_int(args, "--steps", o.steps);
-    bench::read_int(args, "--warmup", o.warmup, 0);
-    bench::read_int(args, "--tp", o.tp);
-    bench::read_int(args, "--threads", o.threads);
-    o.sp = args.flag({"--sp"});
-    if (auto v = args.value({"--json"})) o.json = *v;
-    args.finish();
+    bench::Cli cli;
+    cli.flag("--help,-h", [&] { usage(""); });
+    bench::int_option(cli, "--seq", o.seq);
+    bench::int_option(cli, "--batch", o.batch);
+    bench::int_option(cli, "--layers", o.layers);
+    bench::int_option(cli, "--hidden", o.hidden);
+    bench::int_option(cli, "--heads", o.heads);
+    bench::int_option(cli, "--vocab", o.vocab);
+    bench::int_option(cli, "--steps", o.steps);
+    bench::int_option(cli, "--warmup", o.warmup, 0);
+    bench::int_option(cli, "--tp", o.tp);
+    bench::int_option(cli, "--threads", o.threads);
+    cli.flag("--sp", [&] { o.sp = true; });
+    cli.option("--json", [&](const std::string& v) { o.json = v; });
+    cli.parse(argc, argv);
   } catch (const std::invalid_argument& e) {
     usage(e.what());
   }

@@ -57,25 +57,25 @@ constexpr const char* kUsage =
     "  [--steps 6] [--warmup 2] [--threads 2] [--json FILE]\n"
     "The engine's GPT trained in f32, bf16 and fp16: step time, tokens/s and live bytes per rank.\n";
 
-// The shared bench argument reader (bench/common/options.h); throws
+// The shared bench command line (bench/common/cli.h); throws
 // std::invalid_argument naming the option.
 Options parse(int argc, char** argv) {
-  bench::Args args(argc, argv);
-  if (args.flag({"--help", "-h"})) {
+  bench::Cli cli;
+  cli.flag("--help,-h", [] {
     std::fputs(kUsage, stdout);
     std::exit(0);
-  }
+  });
   Options o;
-  bench::read_int(args, "--layers", o.layers);
-  bench::read_int(args, "--hidden", o.hidden);
-  bench::read_int(args, "--heads", o.heads);
-  bench::read_int(args, "--seq", o.seq);
-  bench::read_int(args, "--batch", o.batch);
-  bench::read_int(args, "--steps", o.steps);
-  bench::read_int(args, "--warmup", o.warmup, 0);
-  bench::read_int(args, "--threads", o.threads);
-  if (auto v = args.value({"--json"})) o.json = *v;
-  args.finish();
+  bench::int_option(cli, "--layers", o.layers);
+  bench::int_option(cli, "--hidden", o.hidden);
+  bench::int_option(cli, "--heads", o.heads);
+  bench::int_option(cli, "--seq", o.seq);
+  bench::int_option(cli, "--batch", o.batch);
+  bench::int_option(cli, "--steps", o.steps);
+  bench::int_option(cli, "--warmup", o.warmup, 0);
+  bench::int_option(cli, "--threads", o.threads);
+  cli.option("--json", [&](const std::string& v) { o.json = v; });
+  cli.parse(argc, argv);
   return o;
 }
 

@@ -79,23 +79,23 @@ struct Options {
 Options parse(int argc, char** argv) {
   Options o;
   try {
-    bench::Args args(argc, argv);
-    if (args.flag({"--help", "-h"})) usage("");
-    if (auto v = args.value({"--sizes"})) o.sizes = bench::split_list(*v);
-    if (auto v = args.value({"--stages"})) {
+    bench::Cli cli;
+    cli.flag("--help,-h", [&] { usage(""); });
+    cli.option("--sizes", [&](const std::string& v) { o.sizes = bench::split_list(v); });
+    cli.option("--stages", [&](const std::string& v) {
       o.stages.clear();
-      for (const auto& s : bench::split_list(*v)) o.stages.push_back(static_cast<int>(bench::parse_int(s, "--stages", 0)));
-    }
-    bench::read_int(args, "--steps", o.steps);
-    bench::read_int(args, "--warmup", o.warmup, 0);
-    bench::read_int(args, "--micro", o.micro);
-    bench::read_int(args, "--threads", o.threads);
-    bench::read_int(args, "--rows-per-rank", o.rows_per_rank);
-    bench::read_int(args, "--seq", o.seq);
-    o.main_grads = args.flag({"--main-grads"});
-    o.check = args.flag({"--check"});
-    if (auto v = args.value({"--json"})) o.json = *v;
-    args.finish();
+      for (const auto& s : bench::split_list(v)) o.stages.push_back(static_cast<int>(bench::parse_int(s, "--stages", 0)));
+    });
+    bench::int_option(cli, "--steps", o.steps);
+    bench::int_option(cli, "--warmup", o.warmup, 0);
+    bench::int_option(cli, "--micro", o.micro);
+    bench::int_option(cli, "--threads", o.threads);
+    bench::int_option(cli, "--rows-per-rank", o.rows_per_rank);
+    bench::int_option(cli, "--seq", o.seq);
+    cli.flag("--main-grads", [&] { o.main_grads = true; });
+    cli.flag("--check", [&] { o.check = true; });
+    cli.option("--json", [&](const std::string& v) { o.json = v; });
+    cli.parse(argc, argv);
   } catch (const std::invalid_argument& e) {
     usage(e.what());
   }

@@ -87,8 +87,8 @@ const Table& table() {
     } catch (const Json::exception& e) {
       throw Error(fmt::format("hardware table: {}", e.what()));
     }
-    TORUS_CHECK(j.value("format", "") == "torus-hardware-1", Error, "hardware table: format '{}' is not torus-hardware-1",
-                j.value("format", ""));
+    TORUS_CHECK(j.value("format", "") == "torus-hardware-1", Error,
+                "hardware table: format '{}' is not torus-hardware-1", j.value("format", ""));
     Table out;
     for (const Json& row : field<Json>(j, "devices", "the table")) out.devices.push_back(parse_device(row));
     for (const Json& row : field<Json>(j, "machines", "the table")) {

@@ -85,7 +85,7 @@ JobPeak measure_job_cpu_peak_flops(const comm::ProcessGroupPtr& world, c10::Scal
   const int cores = static_cast<int>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN)));
   // Every rank has arrived (none is still building its model), then the
   // host's other ranks sleep on the store until its local rank 0 is done: a
-  // rank inside a collective may spin a core (Note [Stable CPU peak]).
+  // rank inside a collective polls its backend (Note [Stable CPU peak]).
   static std::atomic<int> calls{0};
   const int call = calls++;  // collective: the same count on every rank
   const bool wait_on_store = world->size() > 1 && context.store() != nullptr &&
@@ -134,7 +134,8 @@ JobPeak measure_job_cpu_peak_flops(const comm::ProcessGroupPtr& world, c10::Scal
   } else if (measured == 0) {
     out.source = "cached from " + date;
   } else {
-    out.source = fmt::format("measured on {} of {} hosts, cached (newest from {}) on the others", measured, hosts, date);
+    out.source =
+        fmt::format("measured on {} of {} hosts, cached (newest from {}) on the others", measured, hosts, date);
   }
   return out;
 }

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <map>
 
+#include "../../bench/common/cli.h"  // the shared command line (header-only)
 #include "random_cases.h"
 
 namespace torus::comm::rc {
@@ -34,18 +35,6 @@ uint64_t parse_uint(const std::string& name, const std::string& v) {
   return x * mult;
 }
 
-std::vector<std::string> split_list(const std::string& s) {
-  std::vector<std::string> out;
-  size_t pos = 0;
-  while (pos <= s.size()) {
-    size_t comma = s.find(',', pos);
-    if (comma == std::string::npos) comma = s.size();
-    if (comma > pos) out.push_back(s.substr(pos, comma - pos));
-    pos = comma + 1;
-  }
-  return out;
-}
-
 const std::set<std::string>& family_names() {
   static const std::set<std::string> names = [] {
     std::set<std::string> s = {"batch", "split", "a2a-mixed-equal", "half-multi-host"};
@@ -60,55 +49,43 @@ const std::set<std::string>& family_names() {
 
 Options parse_options(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i], v;
-    if (a == "--help" || a == "-h") usage("randomized collective test");
-    if (a == "--verbose") {
-      o.verbose = true;
-      continue;
+  bench::Cli cli;
+  cli.flag("--help,-h", [] { usage("randomized collective test"); });
+  cli.flag("--verbose", [&] { o.verbose = true; });
+  cli.option("--seed", [&](const std::string& v) { o.seed = parse_uint("--seed", v); });
+  cli.option("--cases", [&](const std::string& v) { o.cases = parse_uint("--cases", v); });
+  cli.option("--first", [&](const std::string& v) { o.first = parse_uint("--first", v); });
+  cli.option("--max-bytes", [&](const std::string& v) { o.max_bytes = parse_uint("--max-bytes", v); });
+  cli.option("--deadline-ms",
+             [&](const std::string& v) { o.deadline_ms = static_cast<int64_t>(parse_uint("--deadline-ms", v)); });
+  cli.option("--sync-every", [&](const std::string& v) {
+    o.sync_every = static_cast<int>(std::max<uint64_t>(1, parse_uint("--sync-every", v)));
+  });
+  cli.option("--max-splits",
+             [&](const std::string& v) { o.max_splits = static_cast<int>(parse_uint("--max-splits", v)); });
+  cli.option("--hosts", [&](const std::string& v) { o.hosts = v; });
+  cli.option("--exclude", [&](const std::string& v) {
+    for (const auto& f : bench::split_list(v)) {
+      if (!family_names().count(f)) usage("unknown case family '" + f + "' in --exclude");
+      o.exclude.insert(f);
     }
-    if (auto eq = a.find('='); eq != std::string::npos) {
-      v = a.substr(eq + 1);
-      a = a.substr(0, eq);
-    } else {
-      if (i + 1 >= argc) usage("missing value for " + a);
-      v = argv[++i];
+  });
+  cli.option("--inject", [&](const std::string& v) {
+    for (const auto& item : bench::split_list(v)) {
+      auto at = item.find('@');
+      if (at == std::string::npos) usage("--inject wants KIND@CASE, got '" + item + "'");
+      Injection inj;
+      inj.kind = item.substr(0, at);
+      inj.at = parse_uint("--inject", item.substr(at + 1));
+      static const std::set<std::string> kinds = {"wrong", "clobber", "hang", "error", "unclear", "nonstd"};
+      if (!kinds.count(inj.kind)) usage("unknown --inject kind '" + inj.kind + "'");
+      o.inject.push_back(inj);
     }
-    if (a == "--seed")
-      o.seed = parse_uint(a, v);
-    else if (a == "--cases")
-      o.cases = parse_uint(a, v);
-    else if (a == "--first")
-      o.first = parse_uint(a, v);
-    else if (a == "--max-bytes")
-      o.max_bytes = parse_uint(a, v);
-    else if (a == "--deadline-ms")
-      o.deadline_ms = static_cast<int64_t>(parse_uint(a, v));
-    else if (a == "--sync-every")
-      o.sync_every = static_cast<int>(std::max<uint64_t>(1, parse_uint(a, v)));
-    else if (a == "--max-splits")
-      o.max_splits = static_cast<int>(parse_uint(a, v));
-    else if (a == "--hosts")
-      o.hosts = v;
-    else if (a == "--exclude") {
-      for (const auto& f : split_list(v)) {
-        if (!family_names().count(f)) usage("unknown case family '" + f + "' in --exclude");
-        o.exclude.insert(f);
-      }
-    } else if (a == "--inject") {
-      for (const auto& item : split_list(v)) {
-        auto at = item.find('@');
-        if (at == std::string::npos) usage("--inject wants KIND@CASE, got '" + item + "'");
-        Injection inj;
-        inj.kind = item.substr(0, at);
-        inj.at = parse_uint(a, item.substr(at + 1));
-        static const std::set<std::string> kinds = {"wrong", "clobber", "hang", "error", "unclear", "nonstd"};
-        if (!kinds.count(inj.kind)) usage("unknown --inject kind '" + inj.kind + "'");
-        o.inject.push_back(inj);
-      }
-    } else {
-      usage("unknown option " + a);
-    }
+  });
+  try {
+    cli.parse(argc, argv);
+  } catch (const std::invalid_argument& e) {
+    usage(e.what());
   }
   if (o.deadline_ms <= 0) usage("--deadline-ms must be > 0");
   return o;
@@ -130,7 +107,7 @@ std::vector<int> parse_hosts(const std::string& spec, int n) {
         usage("--hosts: unknown layout '" + how + "'");
     }
   } else {
-    for (const auto& s : split_list(spec)) h.push_back(static_cast<int>(parse_uint("--hosts", s)));
+    for (const auto& s : bench::split_list(spec)) h.push_back(static_cast<int>(parse_uint("--hosts", s)));
   }
   if (static_cast<int>(h.size()) != n)
     usage(fmt::format("--hosts '{}' gives {} ranks, the world has {}", spec, h.size(), n));

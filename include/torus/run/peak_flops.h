@@ -24,13 +24,15 @@ double cuda_dense_peak_flops(const std::string& device_name, c10::ScalarType dty
 // least two GEMMs each). Pure measurement, no communication, no cache.
 //
 // Note [Stable CPU peak]: the figure an MFU divides by must not move
-// between runs of the same job on the same host. Two things moved it: a
-// short probe without warm-up, which another process taking a core for a
-// moment could halve, and the host's other ranks spinning inside the
-// collective that waits for the measurement. So the probe warms up and
-// keeps the best of many short trials, the other ranks sleep on the store
-// meanwhile, and the figure is kept per host (device/peak_cache.h) and
-// reused by later runs. docs/train.md has the numbers.
+// between runs of the same job on the same host (it did: 124.6 and then
+// 75.4 GFLOP/s, minutes apart). What can move it: other processes taking
+// cores during a short probe, and the host's other ranks polling in the
+// collective that waits for the measurement (the backends poll before they
+// back off). So the probe warms up and keeps the best of many short
+// trials, the other ranks sleep on the store (a blocking read) meanwhile,
+// and the figure is kept per host (device/peak_cache.h) and reused by later
+// runs — the part that makes it stable: under sustained contention no probe
+// is. docs/train.md has the numbers.
 double measure_cpu_gemm_flops(c10::ScalarType dtype, int threads, int64_t n = 1024);
 
 // The job's peak and how it was obtained: "measured", "cached from
