@@ -92,7 +92,7 @@ at::Tensor batch_of(int64_t step, const Options& o) {
   return at::randint(0, 256, {o.batch, o.seq + 1}, g, at::TensorOptions().dtype(at::kLong));
 }
 
-Result run(const comm::ProcessGroupPtr& world, const Options& o, const std::string& precision,
+Result run_precision(const comm::ProcessGroupPtr& world, const Options& o, const std::string& precision,
            bench::LiveBytesAllocator& live) {
   models::GPTConfig c;
   c.vocab_size = 256;
@@ -153,7 +153,7 @@ int main(int argc, char** argv) {
   at::set_num_threads(o.threads);
   comm::ProcessGroupPtr world = torus::init();
   std::vector<Result> results;
-  for (const char* p : {"f32", "bf16", "fp16"}) results.push_back(run(world, o, p, live));
+  for (const char* p : {"f32", "bf16", "fp16"}) results.push_back(run_precision(world, o, p, live));
 
   bool ok = true;
   for (const Result& r : results) {

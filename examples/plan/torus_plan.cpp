@@ -53,7 +53,7 @@ std::vector<T> parse_list(const std::string& text, const char* what) {
   return out;
 }
 
-int run(int argc, char** argv) {
+int run_main(int argc, char** argv) {
   CLI::App app{
       "torus-plan: ranks parallel layouts (tp, pp, dp, ep, ZeRO stage, offload, recompute, schedule, micro-batches)\n"
       "of a model on a cluster by predicted step time, among those that fit in memory, and explains each\n"
@@ -179,7 +179,7 @@ int run(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   try {
-    return run(argc, argv);
+    return run_main(argc, argv);
   } catch (const torus::InvalidArgument& e) {
     std::fprintf(stderr, "torus-plan: error: %s\n(see torus-plan --help)\n", e.what());
     return 2;

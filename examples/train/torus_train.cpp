@@ -29,7 +29,7 @@ namespace {
 
 using namespace torus;
 
-int run(int argc, char** argv) {
+int run_main(int argc, char** argv) {
   run::RunConfig cfg;
   if (run::parse_run_config(argc, argv, cfg) == run::ParseOutcome::kHelp) {
     std::cout << run::run_config_help(
@@ -77,7 +77,7 @@ int run(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   try {
-    return run(argc, argv);
+    return run_main(argc, argv);
   } catch (const torus::InvalidArgument& e) {
     std::fprintf(stderr, "torus-train: error: %s\n(see torus-train --help)\n", e.what());
     return 2;

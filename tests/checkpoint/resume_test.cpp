@@ -30,6 +30,8 @@
 #include "torus/engine/checkpointing.h"
 #include "torus/run/train_loop.h"
 
+namespace torus::engine {}  // the engine's names, where a test uses them
+namespace torus::run {}  // the run layer's names, where a test uses them
 namespace torus::train_test {
 using namespace torus::engine;  // NOLINT
 using namespace torus::run;     // NOLINT
@@ -267,12 +269,12 @@ TEST(Resume, SameLayoutIsBitIdentical) {
   h.loss_scale_window = 2;
   same_layout_case("fp16_scaling", h);
   RunConfig b = tiny("");
-  b.pp = 2;
+  b.layout.pp = 2;
   b.precision = "bf16";  // fp32 master weights under ZeRO-2
-  b.zero = 2;
+  b.layout.zero = 2;
   same_layout_case("bf16_zero2", b);
   RunConfig a = tiny("");
-  a.pp = 2;
+  a.layout.pp = 2;
   a.async_save = true;
   a.keep_last = 2;  // steps 3 and 6 stay
   same_layout_case("async", a);
@@ -284,9 +286,9 @@ TEST(Reshard, AcrossLayoutsAndZeroStages) {
   ASSERT_EQ(world()->size(), 8) << "an np8 case (tests.cmake runs each on its world size)";
   const std::string dir = job_dir("reshard");
   RunConfig a = tiny(dir + "/a");
-  a.tp = 2;
-  a.pp = 2;
-  a.zero = 2;
+  a.layout.tp = 2;
+  a.layout.pp = 2;
+  a.layout.zero = 2;
   a.save_every = 2;
   const LoopRun ref = run_loop(world(), a);
   ASSERT_EQ(ref.losses.size(), 6u);
@@ -294,7 +296,7 @@ TEST(Reshard, AcrossLayoutsAndZeroStages) {
   // tp1 x pp1 x dp4, ZeRO-3, on ranks 0-3, from a's step 2; it saves at 3 and 4.
   auto four = world()->split(world()->rank() < 4 ? 0 : -1, world()->rank(), "four");
   RunConfig b = tiny(dir + "/b");
-  b.zero = 3;
+  b.layout.zero = 3;
   b.resume = step_path(a, 2);
   b.save_every = 1;
   b.steps = 6;

@@ -20,6 +20,8 @@
 #include "torus/engine/gpt_model.h"
 #include "train/engine_test_util.h"
 
+namespace torus::run {}  // the run layer's names, where a test uses them
+namespace torus::engine {}  // the engine's names, where a test uses them
 namespace torus::train_test {
 using namespace torus::engine;  // NOLINT
 using namespace torus::run;     // NOLINT

@@ -26,9 +26,9 @@ inline models::GPTConfig small_gpt(c10::ScalarType dtype = at::kFloat) {
 // The batch of step k, the same on every rank: windows of the default
 // corpus drawn by a sampler seeded with `seed`.
 inline at::Tensor batch_of(int64_t step, int64_t rows, int64_t seq, uint64_t seed) {
-  static const Corpus corpus = Corpus::load(default_corpus_path());
-  static const CorpusSplit split = corpus.split(0.1);
-  const BatchSampler s(split.train, seq, rows, seed, "train");
+  static const run::Corpus corpus = run::Corpus::load(run::default_corpus_path());
+  static const run::CorpusSplit split = corpus.split(0.1);
+  const run::BatchSampler s(split.train, seq, rows, seed, "train");
   const std::vector<int64_t> tokens = s.batch(step);
   return at::from_blob(const_cast<int64_t*>(tokens.data()), {rows, seq + 1}, at::TensorOptions().dtype(at::kLong))
       .clone();

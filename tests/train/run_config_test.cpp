@@ -13,6 +13,8 @@
 
 #include "torus/core/error.h"
 
+namespace torus::engine {}  // the engine's names, where a test uses them
+namespace torus::run {}  // the run layer's names, where a test uses them
 namespace torus::train_test {
 using namespace torus::engine;  // NOLINT
 using namespace torus::run;     // NOLINT
