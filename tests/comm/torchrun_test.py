@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Torus launched by torchrun, whose elastic agent serves its own store at
 MASTER_ADDR:MASTER_PORT (Note [torchrun's agent store] in
-include/torus/comm/context.h).
+src/comm/agent_store.h).
 
 Modes (one CTest test each):
   standalone  torchrun --standalone --nproc-per-node 2 --no-python torus-train,
@@ -132,6 +132,7 @@ def check_training(what, rc, text, out_dir, ref, token_via):
     check("through the agent's store" in text and f"the job token through {token_via}" in text,
           f"{what}: rank 0 did not say the store was published through the agent's store, token through "
           f"{token_via}\n{text[-4000:]}")
+    print(next(l for l in text.splitlines() if "through the agent's store" in l))
     got = losses(out_dir)
     check(len(got) == len(ref), f"{what}: {len(got)} step records, expected {len(ref)}")
     for step, (a, b) in enumerate(zip(got, ref), 1):

@@ -4,6 +4,7 @@
 #include <map>
 #include <set>
 
+#include "comm/agent_store.h"
 #include "torus/comm/context.h"
 #include "torus/comm/mesh_layout.h"
 #include "torus/core/error.h"
@@ -207,7 +208,7 @@ TEST(Launch, UnderEachLauncher) {
 }
 
 // Under torchrun its agent serves the store at MASTER_ADDR:MASTER_PORT (Note
-// [torchrun's agent store]): the launch says so, with the restart attempt.
+// [torchrun's agent store] in src/comm/agent_store.h), with the restart attempt.
 TEST(Launch, TorchrunAgentStore) {
   InitOptions none;
   std::map<std::string, std::string> vars = {{"RANK", "1"},
@@ -221,55 +222,54 @@ TEST(Launch, TorchrunAgentStore) {
                                              {"TORCHELASTIC_USE_AGENT_STORE", "True"}};
   LaunchInfo t = detect_launch(none, {}, env_of(vars));
   EXPECT_EQ(t.source, "torchrun");
-  ASSERT_TRUE(t.agent_store.has_value());
-  EXPECT_EQ(t.agent_store->run_id, "job7");
-  EXPECT_EQ(t.agent_store->restart_count, 3);
   EXPECT_EQ(t.master_addr, "node0");
   EXPECT_EQ(t.master_port, 29611);
+  auto agent = detect_agent_store(none, {}, env_of(vars));
+  ASSERT_TRUE(agent.has_value());
+  EXPECT_EQ(agent->run_id, "job7");
+  EXPECT_EQ(agent->restart_count, 3);
 
   // torchrun writes str(bool); without the agent's store (its opt-out) rank 0 hosts at MASTER_ADDR as before.
   for (const char* off : {"False", "0", ""}) {
     auto v = vars;
     v["TORCHELASTIC_USE_AGENT_STORE"] = off;
-    EXPECT_FALSE(detect_launch(none, {}, env_of(v)).agent_store.has_value()) << off;
+    EXPECT_FALSE(detect_agent_store(none, {}, env_of(v)).has_value()) << off;
   }
   auto unset = vars;
   unset.erase("TORCHELASTIC_USE_AGENT_STORE");
-  EXPECT_FALSE(detect_launch(none, {}, env_of(unset)).agent_store.has_value());
+  EXPECT_FALSE(detect_agent_store(none, {}, env_of(unset)).has_value());
   auto lower = vars;
   lower["TORCHELASTIC_USE_AGENT_STORE"] = "true";
-  EXPECT_TRUE(detect_launch(none, {}, env_of(lower)).agent_store.has_value());
+  EXPECT_TRUE(detect_agent_store(none, {}, env_of(lower)).has_value());
 
   // An address given to Torus itself is Torus's to listen on, agent or not.
   EnvParams own;
   own.master_addr = "10.0.0.9";
   own.master_port = 4100;
-  LaunchInfo m = detect_launch(none, own, env_of(vars));
-  EXPECT_FALSE(m.agent_store.has_value());
-  EXPECT_EQ(m.master_addr, "10.0.0.9");
+  EXPECT_FALSE(detect_agent_store(none, own, env_of(vars)).has_value());
   EnvParams own_port;
   own_port.master_port = 4100;  // MASTER_ADDR with Torus's own port: not the agent's endpoint either
-  EXPECT_FALSE(detect_launch(none, own_port, env_of(vars)).agent_store.has_value());
+  EXPECT_FALSE(detect_agent_store(none, own_port, env_of(vars)).has_value());
   InitOptions opts;
   opts.master_addr = "127.0.0.1";
   opts.master_port = 4200;
-  EXPECT_FALSE(detect_launch(opts, {}, env_of(vars)).agent_store.has_value());
+  EXPECT_FALSE(detect_agent_store(opts, {}, env_of(vars)).has_value());
 
   // Bad values are named.
   auto bad = vars;
   bad["TORCHELASTIC_USE_AGENT_STORE"] = "maybe";
   try {
-    detect_launch(none, {}, env_of(bad));
+    detect_agent_store(none, {}, env_of(bad));
     ADD_FAILURE() << "TORCHELASTIC_USE_AGENT_STORE=maybe accepted";
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("TORCHELASTIC_USE_AGENT_STORE"), std::string::npos) << e.what();
   }
   auto no_count = vars;
   no_count.erase("TORCHELASTIC_RESTART_COUNT");
-  EXPECT_THROW(detect_launch(none, {}, env_of(no_count)), InvalidArgument);
+  EXPECT_THROW(detect_agent_store(none, {}, env_of(no_count)), InvalidArgument);
   auto neg = vars;
   neg["TORCHELASTIC_RESTART_COUNT"] = "-1";
-  EXPECT_THROW(detect_launch(none, {}, env_of(neg)), InvalidArgument);
+  EXPECT_THROW(detect_agent_store(none, {}, env_of(neg)), InvalidArgument);
 }
 
 TEST(Launch, RejectsInconsistentInput) {
