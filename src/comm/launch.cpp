@@ -118,6 +118,13 @@ LaunchInfo detect_launch(const InitOptions& options, const EnvParams& params, co
     info.rank = *params.rank;
     info.world_size = *params.world_size;
     info.source = "torus-env";
+  } else if (env.has("TORCHELASTIC_RUN_ID") &&
+             from_source(env, info, "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")) {
+    // A worker of torchrun's agent. The agent may itself be a task of srun
+    // or mpirun (one per node), whose variables the worker inherits: they
+    // describe the agent, not this process, so torchrun's come first.
+    info.source = "torchrun";
+    info.launched_by_mpi = false;
   } else if (from_source(env, info, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
                          "OMPI_COMM_WORLD_LOCAL_SIZE")) {
     info.source = "open-mpi";

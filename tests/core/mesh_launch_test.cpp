@@ -199,6 +199,40 @@ TEST(Launch, UnderEachLauncher) {
                               {"TORCHELASTIC_RUN_ID", "abc"}, {"MASTER_ADDR", "job-master-0"},
                               {"MASTER_PORT", "23456"}, {"KUBERNETES_SERVICE_HOST", "10.100.0.1"}});
   EXPECT_EQ(detect_launch(none, {}, torchrun_pod).source, "torchrun");
+  // torchrun started by srun or mpirun (one agent per node): its workers
+  // inherit the agent's task variables, which describe the agent.
+  auto srun_torchrun = env_of({{"SLURM_STEP_ID", "0"},
+                               {"SLURM_PROCID", "1"},
+                               {"SLURM_NTASKS", "2"},
+                               {"SLURM_LOCALID", "0"},
+                               {"RANK", "11"},
+                               {"WORLD_SIZE", "16"},
+                               {"LOCAL_RANK", "3"},
+                               {"LOCAL_WORLD_SIZE", "8"},
+                               {"TORCHELASTIC_RUN_ID", "j"},
+                               {"MASTER_ADDR", "node0"},
+                               {"MASTER_PORT", "29500"}});
+  LaunchInfo st = detect_launch(none, {}, srun_torchrun);
+  EXPECT_EQ(st.source, "torchrun");
+  EXPECT_EQ(st.rank, 11);
+  EXPECT_EQ(st.world_size, 16);
+  EXPECT_EQ(st.local_rank, 3);
+  EXPECT_EQ(st.local_size, 8);
+  auto mpirun_torchrun = env_of({{"OMPI_COMM_WORLD_RANK", "1"},
+                                 {"OMPI_COMM_WORLD_SIZE", "2"},
+                                 {"OMPI_COMM_WORLD_LOCAL_RANK", "0"},
+                                 {"OMPI_COMM_WORLD_LOCAL_SIZE", "1"},
+                                 {"RANK", "5"},
+                                 {"WORLD_SIZE", "8"},
+                                 {"LOCAL_RANK", "1"},
+                                 {"LOCAL_WORLD_SIZE", "4"},
+                                 {"TORCHELASTIC_RUN_ID", "j"},
+                                 {"MASTER_ADDR", "node0"},
+                                 {"MASTER_PORT", "29500"}});
+  LaunchInfo mt = detect_launch(none, {}, mpirun_torchrun);
+  EXPECT_EQ(mt.source, "torchrun");
+  EXPECT_EQ(mt.rank, 5);
+  EXPECT_FALSE(mt.launched_by_mpi) << "a torchrun worker is not an MPI rank";
   EnvParams one_per_pod;
   one_per_pod.rank = 1;
   one_per_pod.world_size = 4;

@@ -2,11 +2,11 @@
 // world communicators. Free of LibTorch; torus::init() (process_group.h)
 // wraps a Context in the world ProcessGroup.
 //
-// Bootstrap order (DESIGN.md): explicit InitOptions > TORUS_* variables >
-// Open MPI (OMPI_COMM_WORLD_*) > PMIx (PMIX_RANK) > Slurm (SLURM_PROCID...,
-// only inside a step: SLURM_STEP_ID set) > torchrun (RANK, WORLD_SIZE,
-// LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) > single process.
-// The source used is logged.
+// Bootstrap order (DESIGN.md): InitOptions > TORUS_* > a torchrun worker
+// (TORCHELASTIC_RUN_ID: its agent may be an srun or mpirun task) > Open MPI
+// (OMPI_COMM_WORLD_*) > PMIx (PMIX_RANK) > Slurm (SLURM_PROCID..., only in a
+// step: SLURM_STEP_ID set) > torchrun style (RANK, WORLD_SIZE, LOCAL_RANK,
+// LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) > single process. Logged.
 //
 // Store address and job token (Note [Store security] in store.h):
 //  * TORUS_MASTER_ADDR/PORT (or MASTER_ADDR/PORT, or options) name rank 0's
