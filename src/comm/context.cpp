@@ -98,7 +98,8 @@ std::shared_ptr<Context> Context::create(const InitOptions& options) {
   std::string host;
   int port = 0;
   std::optional<LocalTokenPath> local_token;  // set when the token travels through a file
-  if (L.world_size == 1 && (L.master_addr.empty() || L.agent_store)) {
+  const std::optional<AgentStoreInfo> agent_store = detect_agent_store(options, params, env_lookup);
+  if (L.world_size == 1 && (L.master_addr.empty() || agent_store)) {
     if (token.empty()) token = generate_job_token();
     ctx->server_ = std::make_unique<TcpStoreServer>(TcpStoreServer::Options{"127.0.0.1", 0, token});
     host = "127.0.0.1";
@@ -128,11 +129,11 @@ std::shared_ptr<Context> Context::create(const InitOptions& options) {
     host = payload.substr(0, sp1);
     port = std::stoi(payload.substr(sp1 + 1, sp2 - sp1 - 1));
     token = payload.substr(sp2 + 1);
-  } else if (L.agent_store) {
-    // Note [torchrun's agent store] (context.h): rank 0 listens on a port of
+  } else if (agent_store) {
+    // Note [torchrun's agent store] (agent_store.h): rank 0 listens on a port of
     // its own and says where through the agent's store, under a key of this
     // restart attempt.
-    const std::string key = agent_store_key(*L.agent_store);
+    const std::string key = agent_store_key(*agent_store);
     auto agent = connect_agent_store(L.master_addr, L.master_port, params.store_timeout);
     AgentStoreRecord record;
     const char* token_via = "TORUS_JOB_TOKEN";

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "comm/agent_store.h"
 #include "core/log.h"
 #include "torus/comm/context.h"
 #include "torus/core/params.h"
@@ -117,6 +118,13 @@ LaunchInfo detect_launch(const InitOptions& options, const EnvParams& params, co
     info.rank = *params.rank;
     info.world_size = *params.world_size;
     info.source = "torus-env";
+  } else if (env.has("TORCHELASTIC_RUN_ID") &&
+             from_source(env, info, "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")) {
+    // A worker of torchrun's agent. The agent may itself be a task of srun
+    // or mpirun (one per node), whose variables the worker inherits: they
+    // describe the agent, not this process, so torchrun's come first.
+    info.source = "torchrun";
+    info.launched_by_mpi = false;
   } else if (from_source(env, info, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
                          "OMPI_COMM_WORLD_LOCAL_SIZE")) {
     info.source = "open-mpi";
@@ -174,23 +182,11 @@ LaunchInfo detect_launch(const InitOptions& options, const EnvParams& params, co
   // recipes). Empty means the bootstrap chooses (Open MPI launches).
   info.master_addr = options.master_addr;
   if (info.master_addr.empty()) info.master_addr = params.master_addr;
-  const bool addr_from_launcher = info.master_addr.empty();
-  if (addr_from_launcher) info.master_addr = env.string("MASTER_ADDR");
+  if (info.master_addr.empty()) info.master_addr = env.string("MASTER_ADDR");
   std::optional<int> port = options.master_port;
   if (!port) port = params.master_port;
-  const bool port_from_launcher = !port;
   if (!port) port = env.integer("MASTER_PORT", 0);
   info.master_port = port.value_or(0);
-
-  // torchrun's agent serves its own store at MASTER_ADDR:MASTER_PORT (Note
-  // [torchrun's agent store] in context.h). An address given to Torus itself
-  // (options, TORUS_MASTER_*) is Torus's to listen on, agent or not.
-  if (addr_from_launcher && port_from_launcher && !info.master_addr.empty() && agent_store_flag(env)) {
-    auto attempt = env.integer("TORCHELASTIC_RESTART_COUNT", 0);
-    TORUS_CHECK(attempt.has_value(), InvalidArgument,
-                "TORCHELASTIC_USE_AGENT_STORE is set without TORCHELASTIC_RESTART_COUNT: not a torchrun worker?");
-    info.agent_store = AgentStoreInfo{env.string("TORCHELASTIC_RUN_ID"), *attempt};
-  }
   TORUS_CHECK(info.master_port >= 0 && info.master_port <= 65535, InvalidArgument, "master port {} is not a port",
               info.master_port);
   TORUS_CHECK(info.world_size == 1 || info.launched_by_mpi || !info.master_addr.empty(), InvalidArgument,
@@ -203,5 +199,18 @@ LaunchInfo detect_launch(const InitOptions& options, const EnvParams& params, co
 }
 
 LaunchInfo detect_launch(const InitOptions& options) { return detect_launch(options, env_params(), env_lookup); }
+
+std::optional<AgentStoreInfo> detect_agent_store(const InitOptions& options, const EnvParams& params,
+                                                 const GetEnv& launcher_env) {
+  Reader env{launcher_env};
+  // An address given to Torus itself is Torus's to listen on, agent or not.
+  const bool launcher_address = options.master_addr.empty() && params.master_addr.empty() && !options.master_port &&
+                                !params.master_port && env.has("MASTER_ADDR");
+  if (!launcher_address || !agent_store_flag(env)) return std::nullopt;
+  auto attempt = env.integer("TORCHELASTIC_RESTART_COUNT", 0);
+  TORUS_CHECK(attempt.has_value(), InvalidArgument,
+              "TORCHELASTIC_USE_AGENT_STORE is set without TORCHELASTIC_RESTART_COUNT: not a torchrun worker?");
+  return AgentStoreInfo{env.string("TORCHELASTIC_RUN_ID"), *attempt};
+}
 
 }  // namespace torus::comm

@@ -66,7 +66,7 @@ add_test(NAME torchrun_train_multinode
          COMMAND ${_torchrun_test} multinode ${TORUS_PYTHON_EXECUTABLE} $<TARGET_FILE:torus-train>)
 set_tests_properties(torchrun_train_standalone PROPERTIES TIMEOUT 480 LABELS "multirank;np2;comm;torchrun;train"
                      PROCESSORS 1)
-set_tests_properties(torchrun_train_multinode PROPERTIES TIMEOUT 330 LABELS "multirank;np2;comm;torchrun;train"
+set_tests_properties(torchrun_train_multinode PROPERTIES TIMEOUT 480 LABELS "multirank;np2;comm;torchrun;train"
                      PROCESSORS 1)
 if(TORUS_BUILD_PYTHON)
   add_test(NAME torchrun_python_snippet

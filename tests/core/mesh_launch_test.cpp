@@ -4,6 +4,7 @@
 #include <map>
 #include <set>
 
+#include "comm/agent_store.h"
 #include "torus/comm/context.h"
 #include "torus/comm/mesh_layout.h"
 #include "torus/core/error.h"
@@ -198,6 +199,40 @@ TEST(Launch, UnderEachLauncher) {
                               {"TORCHELASTIC_RUN_ID", "abc"}, {"MASTER_ADDR", "job-master-0"},
                               {"MASTER_PORT", "23456"}, {"KUBERNETES_SERVICE_HOST", "10.100.0.1"}});
   EXPECT_EQ(detect_launch(none, {}, torchrun_pod).source, "torchrun");
+  // torchrun started by srun or mpirun (one agent per node): its workers
+  // inherit the agent's task variables, which describe the agent.
+  auto srun_torchrun = env_of({{"SLURM_STEP_ID", "0"},
+                               {"SLURM_PROCID", "1"},
+                               {"SLURM_NTASKS", "2"},
+                               {"SLURM_LOCALID", "0"},
+                               {"RANK", "11"},
+                               {"WORLD_SIZE", "16"},
+                               {"LOCAL_RANK", "3"},
+                               {"LOCAL_WORLD_SIZE", "8"},
+                               {"TORCHELASTIC_RUN_ID", "j"},
+                               {"MASTER_ADDR", "node0"},
+                               {"MASTER_PORT", "29500"}});
+  LaunchInfo st = detect_launch(none, {}, srun_torchrun);
+  EXPECT_EQ(st.source, "torchrun");
+  EXPECT_EQ(st.rank, 11);
+  EXPECT_EQ(st.world_size, 16);
+  EXPECT_EQ(st.local_rank, 3);
+  EXPECT_EQ(st.local_size, 8);
+  auto mpirun_torchrun = env_of({{"OMPI_COMM_WORLD_RANK", "1"},
+                                 {"OMPI_COMM_WORLD_SIZE", "2"},
+                                 {"OMPI_COMM_WORLD_LOCAL_RANK", "0"},
+                                 {"OMPI_COMM_WORLD_LOCAL_SIZE", "1"},
+                                 {"RANK", "5"},
+                                 {"WORLD_SIZE", "8"},
+                                 {"LOCAL_RANK", "1"},
+                                 {"LOCAL_WORLD_SIZE", "4"},
+                                 {"TORCHELASTIC_RUN_ID", "j"},
+                                 {"MASTER_ADDR", "node0"},
+                                 {"MASTER_PORT", "29500"}});
+  LaunchInfo mt = detect_launch(none, {}, mpirun_torchrun);
+  EXPECT_EQ(mt.source, "torchrun");
+  EXPECT_EQ(mt.rank, 5);
+  EXPECT_FALSE(mt.launched_by_mpi) << "a torchrun worker is not an MPI rank";
   EnvParams one_per_pod;
   one_per_pod.rank = 1;
   one_per_pod.world_size = 4;
@@ -207,7 +242,7 @@ TEST(Launch, UnderEachLauncher) {
 }
 
 // Under torchrun its agent serves the store at MASTER_ADDR:MASTER_PORT (Note
-// [torchrun's agent store]): the launch says so, with the restart attempt.
+// [torchrun's agent store] in src/comm/agent_store.h), with the restart attempt.
 TEST(Launch, TorchrunAgentStore) {
   InitOptions none;
   std::map<std::string, std::string> vars = {{"RANK", "1"},
@@ -221,55 +256,54 @@ TEST(Launch, TorchrunAgentStore) {
                                              {"TORCHELASTIC_USE_AGENT_STORE", "True"}};
   LaunchInfo t = detect_launch(none, {}, env_of(vars));
   EXPECT_EQ(t.source, "torchrun");
-  ASSERT_TRUE(t.agent_store.has_value());
-  EXPECT_EQ(t.agent_store->run_id, "job7");
-  EXPECT_EQ(t.agent_store->restart_count, 3);
   EXPECT_EQ(t.master_addr, "node0");
   EXPECT_EQ(t.master_port, 29611);
+  auto agent = detect_agent_store(none, {}, env_of(vars));
+  ASSERT_TRUE(agent.has_value());
+  EXPECT_EQ(agent->run_id, "job7");
+  EXPECT_EQ(agent->restart_count, 3);
 
   // torchrun writes str(bool); without the agent's store (its opt-out) rank 0 hosts at MASTER_ADDR as before.
   for (const char* off : {"False", "0", ""}) {
     auto v = vars;
     v["TORCHELASTIC_USE_AGENT_STORE"] = off;
-    EXPECT_FALSE(detect_launch(none, {}, env_of(v)).agent_store.has_value()) << off;
+    EXPECT_FALSE(detect_agent_store(none, {}, env_of(v)).has_value()) << off;
   }
   auto unset = vars;
   unset.erase("TORCHELASTIC_USE_AGENT_STORE");
-  EXPECT_FALSE(detect_launch(none, {}, env_of(unset)).agent_store.has_value());
+  EXPECT_FALSE(detect_agent_store(none, {}, env_of(unset)).has_value());
   auto lower = vars;
   lower["TORCHELASTIC_USE_AGENT_STORE"] = "true";
-  EXPECT_TRUE(detect_launch(none, {}, env_of(lower)).agent_store.has_value());
+  EXPECT_TRUE(detect_agent_store(none, {}, env_of(lower)).has_value());
 
   // An address given to Torus itself is Torus's to listen on, agent or not.
   EnvParams own;
   own.master_addr = "10.0.0.9";
   own.master_port = 4100;
-  LaunchInfo m = detect_launch(none, own, env_of(vars));
-  EXPECT_FALSE(m.agent_store.has_value());
-  EXPECT_EQ(m.master_addr, "10.0.0.9");
+  EXPECT_FALSE(detect_agent_store(none, own, env_of(vars)).has_value());
   EnvParams own_port;
   own_port.master_port = 4100;  // MASTER_ADDR with Torus's own port: not the agent's endpoint either
-  EXPECT_FALSE(detect_launch(none, own_port, env_of(vars)).agent_store.has_value());
+  EXPECT_FALSE(detect_agent_store(none, own_port, env_of(vars)).has_value());
   InitOptions opts;
   opts.master_addr = "127.0.0.1";
   opts.master_port = 4200;
-  EXPECT_FALSE(detect_launch(opts, {}, env_of(vars)).agent_store.has_value());
+  EXPECT_FALSE(detect_agent_store(opts, {}, env_of(vars)).has_value());
 
   // Bad values are named.
   auto bad = vars;
   bad["TORCHELASTIC_USE_AGENT_STORE"] = "maybe";
   try {
-    detect_launch(none, {}, env_of(bad));
+    detect_agent_store(none, {}, env_of(bad));
     ADD_FAILURE() << "TORCHELASTIC_USE_AGENT_STORE=maybe accepted";
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("TORCHELASTIC_USE_AGENT_STORE"), std::string::npos) << e.what();
   }
   auto no_count = vars;
   no_count.erase("TORCHELASTIC_RESTART_COUNT");
-  EXPECT_THROW(detect_launch(none, {}, env_of(no_count)), InvalidArgument);
+  EXPECT_THROW(detect_agent_store(none, {}, env_of(no_count)), InvalidArgument);
   auto neg = vars;
   neg["TORCHELASTIC_RESTART_COUNT"] = "-1";
-  EXPECT_THROW(detect_launch(none, {}, env_of(neg)), InvalidArgument);
+  EXPECT_THROW(detect_agent_store(none, {}, env_of(neg)), InvalidArgument);
 }
 
 TEST(Launch, RejectsInconsistentInput) {

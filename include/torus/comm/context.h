@@ -2,15 +2,15 @@
 // world communicators. Free of LibTorch; torus::init() (process_group.h)
 // wraps a Context in the world ProcessGroup.
 //
-// Bootstrap order (DESIGN.md): explicit InitOptions > TORUS_* variables >
-// Open MPI (OMPI_COMM_WORLD_*) > PMIx (PMIX_RANK) > Slurm (SLURM_PROCID...,
-// only inside a step: SLURM_STEP_ID set) > torchrun (RANK, WORLD_SIZE,
-// LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) > single process.
-// The source used is logged.
+// Bootstrap order (DESIGN.md): InitOptions > TORUS_* > a torchrun worker
+// (TORCHELASTIC_RUN_ID: its agent may be an srun or mpirun task) > Open MPI
+// (OMPI_COMM_WORLD_*) > PMIx (PMIX_RANK) > Slurm (SLURM_PROCID..., only in a
+// step: SLURM_STEP_ID set) > torchrun style (RANK, WORLD_SIZE, LOCAL_RANK,
+// LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) > single process. Logged.
 //
 // Store address and job token (Note [Store security] in store.h):
 //  * TORUS_MASTER_ADDR/PORT (or MASTER_ADDR/PORT, or options) name rank 0's
-//    store; rank 0 listens on exactly that address.
+//    store, where it listens (torchrun's own store: src/comm/agent_store.h).
 //  * Launched by Open MPI without a master address, rank 0 listens on the
 //    interface chosen by TORUS_SOCKET_IFNAME (loopback when the whole job is
 //    on one host, else the interface of the default route) and hands address,
@@ -28,32 +28,6 @@
 //    that is a symbolic link, another user's, or open to group or others is
 //    refused with InvalidArgument: no rank falls back to a guessable token.
 //    Note [Local job token] in src/comm/store_token.h has the details.
-//  * Under torchrun, whose agent serves its own store at MASTER_ADDR:
-//    MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE=True), rank 0 listens on a
-//    port of its own instead: Note [torchrun's agent store] below.
-//
-// Note [torchrun's agent store]: torchrun's elastic agent hosts a c10d
-// TCPStore at MASTER_ADDR:MASTER_PORT and tells its workers so with
-// TORCHELASTIC_USE_AGENT_STORE=True; the port is taken, so Torus's rank 0
-// cannot listen there. It listens instead on an ephemeral port of the
-// interface the Open MPI path would choose (TORUS_SOCKET_IFNAME, else
-// loopback when LOCAL_WORLD_SIZE == WORLD_SIZE, else the first non-loopback
-// interface) and writes "host port [token]" into the agent's store under
-// torus/<TORCHELASTIC_RUN_ID>/attempt_<TORCHELASTIC_RESTART_COUNT>/store;
-// the other ranks read it there (within the store timeout) and connect. The
-// key names the restart attempt, so a worker group restarted by the agent
-// never reads the address of the group before it. The agent's store is
-// reached through LibTorch's client (c10d::TCPStore), registered by the
-// torch-facing library (src/comm/agent_store.h), so torus_base stays free of
-// LibTorch. The token travels with the address only when rank 0 generated it
-// and the store is not on loopback; on loopback it goes through the private
-// file of Note [Local job token], and TORUS_JOB_TOKEN is never published.
-// The agent's store is unauthenticated: whoever can reach it can read a
-// published token, but can equally rewrite torchrun's rendezvous and every
-// address the workers take from it, so the token adds no trust that the job
-// did not already place in that store (docs/comm.md, docs/decisions.md).
-// Only MASTER_ADDR and MASTER_PORT from the launcher count: an address given
-// to Torus (options, TORUS_MASTER_ADDR/PORT) is always Torus's to listen on.
 #pragma once
 
 #include <atomic>
@@ -85,13 +59,6 @@ struct InitOptions {
   Duration timeout{0};        // default op deadline; 0: TORUS_TIMEOUT_MS (10 min)
 };
 
-// torchrun's agent serves the store at MASTER_ADDR:MASTER_PORT (Note
-// [torchrun's agent store]).
-struct AgentStoreInfo {
-  std::string run_id;     // TORCHELASTIC_RUN_ID (may be empty)
-  int restart_count = 0;  // TORCHELASTIC_RESTART_COUNT: the worker group's restart attempt
-};
-
 struct LaunchInfo {
   int rank = 0;
   int world_size = 1;
@@ -101,7 +68,6 @@ struct LaunchInfo {
   std::string master_addr;    // empty: chosen by the bootstrap
   int master_port = 0;
   bool launched_by_mpi = false;
-  std::optional<AgentStoreInfo> agent_store;  // set: master_addr:master_port is torchrun's agent store
 };
 
 // Finds rank information following the precedence above: `options`, then
