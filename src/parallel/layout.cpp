@@ -6,6 +6,7 @@
 
 #include <charconv>
 #include <sstream>
+#include <type_traits>
 
 #include "core/log.h"
 #include "torus/core/error.h"
@@ -85,25 +86,28 @@ std::vector<int64_t> parse_counts(const std::string& text) {
   return out;
 }
 
-LayoutField int_field(std::string name, std::string help, int Layout::*member, bool placement) {
+// A field that is an int or bool member.
+template <class T>
+LayoutField member_field(std::string name, std::string help, T Layout::*member, bool placement) {
   LayoutField f;
   f.name = std::move(name);
-  f.kind = Kind::kInt;
+  f.kind = std::is_same_v<T, bool> ? Kind::kBool : Kind::kInt;
   f.help = std::move(help);
   f.placement = placement;
-  f.get = [member](const Layout& l) { return std::to_string(l.*member); };
-  f.set = [member, n = f.name](Layout& l, const std::string& t) { l.*member = parse_int(n, t); };
-  return f;
-}
-
-LayoutField bool_field(std::string name, std::string help, bool Layout::*member, bool placement) {
-  LayoutField f;
-  f.name = std::move(name);
-  f.kind = Kind::kBool;
-  f.help = std::move(help);
-  f.placement = placement;
-  f.get = [member](const Layout& l) { return std::string(l.*member ? "true" : "false"); };
-  f.set = [member, n = f.name](Layout& l, const std::string& t) { l.*member = parse_bool(n, t); };
+  f.get = [member](const Layout& l) {
+    if constexpr (std::is_same_v<T, bool>) {
+      return std::string(l.*member ? "true" : "false");
+    } else {
+      return std::to_string(l.*member);
+    }
+  };
+  f.set = [member, n = f.name](Layout& l, const std::string& t) {
+    if constexpr (std::is_same_v<T, bool>) {
+      l.*member = parse_bool(n, t);
+    } else {
+      l.*member = parse_int(n, t);
+    }
+  };
   return f;
 }
 
@@ -122,29 +126,29 @@ LayoutField text_field(std::string name, std::string help, bool placement,
 
 std::vector<LayoutField> make_fields() {
   std::vector<LayoutField> t;
-  t.push_back(int_field("tp", "tensor-parallel size", &Layout::tp, true));
-  t.push_back(int_field("pp", "pipeline-parallel size", &Layout::pp, true));
-  t.push_back(int_field("dp", "data-parallel size (0: world / (tp x pp x ep))", &Layout::dp, true));
-  t.push_back(int_field("ep", "expert-parallel size (MoE; the batch is split over dp x ep)", &Layout::ep, true));
+  t.push_back(member_field("tp", "tensor-parallel size", &Layout::tp, true));
+  t.push_back(member_field("pp", "pipeline-parallel size", &Layout::pp, true));
+  t.push_back(member_field("dp", "data-parallel size (0: world / (tp x pp x ep))", &Layout::dp, true));
+  t.push_back(member_field("ep", "expert-parallel size (MoE; the batch is split over dp x ep)", &Layout::ep, true));
   for (LayoutField& f : t) f.mesh = true;  // the four above
-  t.push_back(bool_field("sp", "sequence parallelism (with --tp > 1)", &Layout::sequence_parallel, true));
-  t.push_back(bool_field("expert-tp",
+  t.push_back(member_field("sp", "sequence parallelism (with --tp > 1)", &Layout::sequence_parallel, true));
+  t.push_back(member_field("expert-tp",
                          "MoE: split each expert's MLP over the --tp ranks instead of holding whole experts on each",
                          &Layout::expert_tp, true));
   t.push_back(text_field(
       "schedule", "pipeline schedule: gpipe, 1f1b, interleaved, zb-h1", false,
       [](const Layout& l) { return std::string(pp::schedule_kind_name(l.schedule)); },
       [](Layout& l, const std::string& v) { l.schedule = pp::schedule_kind_from_name(v); }));
-  t.push_back(int_field("micro-batches",
+  t.push_back(member_field("micro-batches",
                         "micro-batches per step on each data-parallel rank (gradient accumulation; 0: 1 without a "
                         "pipeline, else max(4, pp), a multiple of pp when interleaved)",
                         &Layout::num_micro, false));
-  t.push_back(int_field("chunks", "virtual stages per pipeline rank (interleaved schedule)", &Layout::num_chunks, true));
+  t.push_back(member_field("chunks", "virtual stages per pipeline rank (interleaved schedule)", &Layout::num_chunks, true));
   t.push_back(text_field(
       "stage-layers", "blocks per stage, e.g. 3,1 (empty: balanced by cost)", true,
       [](const Layout& l) { return join_counts(l.layers_per_stage); },
       [](Layout& l, const std::string& v) { l.layers_per_stage = parse_counts(v); }));
-  t.push_back(int_field("zero", "ZeRO stage over dp: 0 (off), 1 (optimizer state), 2 (+ gradients), 3 (+ parameters)",
+  t.push_back(member_field("zero", "ZeRO stage over dp: 0 (off), 1 (optimizer state), 2 (+ gradients), 3 (+ parameters)",
                         &Layout::zero, false));
   t.push_back(text_field(
       "offload", "host memory for: none, optimizer (--zero >= 1), optimizer+params (--zero 3)", false,
