@@ -308,7 +308,7 @@ std::vector<std::string> Layout::args() const {
     if (f.kind == Kind::kBool) {
       out.push_back((v == "true" ? "--" : "--no-") + f.name);
     } else if (v.empty()) {
-      out.push_back("--" + f.name + "=");  // one argument, as an empty one may be dropped on the way
+      continue;  // an empty text is the field's default (no stage cut): nothing to say
     } else {
       out.push_back("--" + f.name);
       out.push_back(v);

@@ -260,7 +260,8 @@ Json candidate_json(const Candidate& k) {
   }
   Json j = {{"layout", k.layout()}, {"args", l.args()}, {"mesh", mesh}};
   // Every field of the layout under its JSON key (parallel/layout.h).
-  for (auto& [key, value] : Json::parse(l.to_json()).items()) j[key] = value;
+  const Json fields = Json::parse(l.to_json());
+  for (const auto& [key, value] : fields.items()) j[key] = value;
   j.update(Json{{"micro_batch_rows", k.micro_batch_rows}, {"fits", k.fits}, {"why_not", k.why_not},
               {"memory_bytes", {{"parameters", k.memory.parameters}, {"gradients", k.memory.gradients},
                                 {"optimizer", k.memory.optimizer}, {"activations", k.memory.activations},

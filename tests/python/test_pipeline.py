@@ -457,7 +457,9 @@ def test_logits_in_every_layout_equal_one_process(world):
 def test_run_config_keywords_flags_and_config_files(tmp_path):
     # Keywords, flags and config files all go through the C++ option table.
     defaults = train.RunConfig()
-    assert (defaults.tp, defaults.pp, defaults.dp, defaults.schedule, defaults.micro_batches) == (1, 1, 0, "1f1b", 4)
+    # micro_batches 0: the layout's default (1 without a pipeline, max(4, pp) with one; issue 36 item 9).
+    assert (defaults.tp, defaults.pp, defaults.dp, defaults.schedule, defaults.micro_batches) == (1, 1, 0, "1f1b", 0)
+    assert defaults.layout.resolved(2).num_micro == 1 and train.RunConfig(pp=2).layout.resolved(2).num_micro == 4
     assert defaults.tie_embeddings and not defaults.sp and defaults.precision == "f32"
     kw = train.RunConfig(tp=2, min_lr=2e-5, sp=True, precision="bf16", stage_layers="3,1")
     assert (kw.tp, kw.min_lr, kw.sp, kw.precision, kw.stage_layers) == (2, 2e-5, True, "bf16", "3,1")

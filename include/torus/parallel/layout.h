@@ -104,7 +104,8 @@ struct Layout {
   // of the wrong type or outside its set.
   Layout with_json(const std::string& json) const;
   // The layout as command-line arguments ("--tp", "2", ..., "--sp" or
-  // "--no-sp"), every field: what a plan travels as.
+  // "--no-sp"), every field but a text field left empty (its default, e.g.
+  // no --stage-layers): what torus-launch passes on from a plan.
   std::vector<std::string> args() const;
   // Whether the two layouts give every rank the same slices of the state
   // (the fields marked `placement` in the table): a checkpoint of one loads
