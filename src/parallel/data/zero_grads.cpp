@@ -4,6 +4,7 @@
 // max_inflight at a time, and its block added into this rank's shard.
 #include <ATen/Functions.h>
 #include <ATen/TensorOperators.h>
+#include <ATen/core/grad_mode.h>
 
 #include <algorithm>
 #include <chrono>

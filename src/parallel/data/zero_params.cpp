@@ -3,6 +3,7 @@
 // around its forward and again around its backward — with prefetch of the
 // next blocks, and the release of their storage outside the windows.
 #include <ATen/Functions.h>
+#include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
