@@ -1,7 +1,8 @@
-// Reading an opened checkpoint (checkpoint.h): files mapped on first use and
-// verified beside the reads (Note [Verified reads]), and any slice of a
-// tensor assembled from the pieces that cover it — flat ranges, boxes of
-// another layout, padding — for load_into() and read_full().
+// Reading an opened checkpoint into tensors (checkpoint.h): the stored
+// pieces (stored.h: files mapped on first use and verified beside the
+// reads, Note [Verified reads]) as tensors, and any slice of a tensor
+// assembled from the pieces that cover it — flat ranges, boxes of another
+// layout, padding — for load_into() and read_full().
 #include <ATen/Functions.h>
 #include <ATen/core/grad_mode.h>
 
@@ -13,78 +14,14 @@
 
 namespace torus::ckpt {
 
-const OpenFile& Checkpoint::Impl::file(int index, bool hash) const {
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = open.find(index);
-  if (it != open.end()) {
-    if (hash && !it->second.sha.valid()) start_hash(it->second);
-    return it->second;
-  }
-  const FileRec& f = files[index];
-  const std::string p = (fs::path(path) / f.name).string();
-  OpenFile of;
-  of.map = std::make_unique<MappedFile>(p);
-  TORUS_CHECK(of.map->size() == f.bytes, ckpt::CheckpointError, "checkpoint: {} has {} bytes, the manifest says {}",
-              p, of.map->size(), f.bytes);
-  if (hash) start_hash(of);
-  try {
-    of.header = parse_header(std::span<const uint8_t>(of.map->data(), of.map->size()), of.map->size(), p);
-  } catch (...) {
-    if (of.sha.valid()) of.sha.wait();
-    throw;
-  }
-  auto meta = [&](const char* key) {
-    auto m = of.header.metadata.find(key);
-    return m == of.header.metadata.end() ? std::string("?") : m->second;
-  };
-  if (meta("run_id") != info.run_id || meta("step") != std::to_string(info.step)) {
-    if (of.sha.valid()) of.sha.wait();
-    throw ckpt::CheckpointError(fmt::format("checkpoint: {} belongs to run {} step {}, the manifest to run {} step {}",
-                                            p, meta("run_id"), meta("step"), info.run_id, info.step));
-  }
-  return open.emplace(index, std::move(of)).first->second;
-}
-
-void Checkpoint::Impl::start_hash(OpenFile& of) {
-  const MappedFile* map = of.map.get();
-  of.sha = std::async(std::launch::async, [map] { return sha256_hex(map->data(), map->size()); }).share();
-}
-
-void Checkpoint::Impl::check() const {
-  std::lock_guard<std::mutex> lock(mu);
-  for (auto& [index, of] : open) {
-    if (of.checked || !of.sha.valid()) continue;
-    const std::string sha = of.sha.get();
-    const std::string p = (fs::path(path) / files[index].name).string();
-    TORUS_CHECK(sha == files[index].sha256, ckpt::CheckpointError,
-                "checkpoint: {} is corrupt: its SHA-256 is {}, the manifest records {}", p, sha,
-                files[index].sha256);
-    of.checked = true;
-  }
-}
-
-void Checkpoint::Impl::drain() const noexcept {
-  std::lock_guard<std::mutex> lock(mu);
-  for (auto& [index, of] : open) {
-    if (of.sha.valid()) of.sha.wait();
-  }
-}
-
 at::Tensor Checkpoint::Impl::piece_tensor(const std::string& name, const Piece& pc, c10::ScalarType dtype) const {
-  const OpenFile& of = file(pc.file, hash_reads);
-  const TensorEntry* e = of.header.find(name);
-  TORUS_CHECK(e != nullptr, ckpt::CheckpointError, "checkpoint: {}/{} does not hold '{}' as the manifest says", path,
-              files[pc.file].name, name);
-  std::vector<int64_t> shape = pc.fb >= 0 ? std::vector<int64_t>{pc.fe - pc.fb} : pc.box;
-  TORUS_CHECK(e->shape == shape && dtype_from_code(e->dtype) == dtype, ckpt::CheckpointError,
-              "checkpoint: {}/{}: '{}' is {} {} in the file, {} {} in the manifest", path, files[pc.file].name,
-              name, e->dtype, fmt::join(e->shape, "x"), c10::toString(dtype), fmt::join(shape, "x"));
-  const uint8_t* p = of.map->data() + of.header.data_offset + e->begin;
+  const uint8_t* p = piece_data(name, pc, dtype_code(dtype));
+  const std::vector<int64_t> shape = pc.fb >= 0 ? std::vector<int64_t>{pc.fe - pc.fb} : pc.box;
   const auto opts = at::TensorOptions().dtype(dtype);
   const size_t esize = c10::elementSize(dtype);
   if (reinterpret_cast<uintptr_t>(p) % esize != 0) {
     at::Tensor t = at::empty(shape, opts);
-    std::memcpy(t.data_ptr(), p, e->end - e->begin);
+    std::memcpy(t.data_ptr(), p, static_cast<size_t>(numel_of(shape)) * esize);
     return t;
   }
   return at::from_blob(const_cast<uint8_t*>(p), shape, opts);
@@ -108,7 +45,7 @@ bool Checkpoint::Impl::copy_flat(const std::string& name, const GlobalTensor& g,
   for (const Piece* pc : same) {
     const int64_t lo = std::max(reach, pc->fb), hi = std::min(n.fe, pc->fe);
     if (hi <= lo) continue;
-    at::Tensor src = piece_tensor(name, *pc, g.dtype);
+    at::Tensor src = piece_tensor(name, *pc, dtype_from_code(g.dtype));
     flat.slice(0, lo - n.fb, hi - n.fb).copy_(src.slice(0, lo - pc->fb, hi - pc->fb));
     reach = hi;
   }
@@ -140,14 +77,14 @@ int64_t Checkpoint::Impl::fill_box(const std::string& name, const GlobalTensor& 
       if (pc->fb < 0) whole = pc;
     }
     if (whole) {
-      src = piece_tensor(name, *whole, g.dtype);
+      src = piece_tensor(name, *whole, dtype_from_code(g.dtype));
     } else {
       // Flat pieces of one box: lay them out in the box (missing ranges stay
       // NaN-free zeros and are caught by the coverage count below).
-      at::Tensor flat = at::zeros({numel_of(pbox)}, at::TensorOptions().dtype(g.dtype));
+      at::Tensor flat = at::zeros({numel_of(pbox)}, at::TensorOptions().dtype(dtype_from_code(g.dtype)));
       std::vector<std::pair<int64_t, int64_t>> ranges;
       for (const Piece* pc : group) {
-        if (pc->fe > pc->fb) flat.slice(0, pc->fb, pc->fe).copy_(piece_tensor(name, *pc, g.dtype));
+        if (pc->fe > pc->fb) flat.slice(0, pc->fb, pc->fe).copy_(piece_tensor(name, *pc, dtype_from_code(g.dtype)));
         ranges.emplace_back(pc->fb, pc->fe);
       }
       // Every element of the box inside the global shape must be covered.
@@ -192,7 +129,7 @@ void Checkpoint::verify() const {
     }
     impl_->check();
     for (const auto& [name, g] : impl_->tensors) {
-      for (const auto& pc : g.pieces) (void)impl_->piece_tensor(name, pc, g.dtype);
+      for (const auto& pc : g.pieces) (void)impl_->piece_tensor(name, pc, dtype_from_code(g.dtype));
     }
   } catch (...) {
     impl_->drain();
@@ -200,17 +137,7 @@ void Checkpoint::verify() const {
   }
 }
 
-void Checkpoint::verify_files(int part, int parts) const {
-  try {
-    for (size_t i = 0; i < impl_->files.size(); ++i) {
-      if (static_cast<int>(i % static_cast<size_t>(parts)) == part) (void)impl_->file(static_cast<int>(i), true);
-    }
-    impl_->check();
-  } catch (...) {
-    impl_->drain();
-    throw;
-  }
-}
+void Checkpoint::verify_files(int part, int parts) const { impl_->verify_files(part, parts); }
 
 void Checkpoint::set_hash_reads(bool on) { impl_->hash_reads = on; }
 
@@ -257,9 +184,9 @@ std::vector<std::string> Checkpoint::load_into(ShardedState& target, int rank, b
     }
     // A whole box of the stored dtype is filled in place; anything else
     // through a box of the stored dtype.
-    const bool direct = n.fb < 0 && s.tensor.scalar_type() == g.dtype && s.tensor.is_contiguous() &&
+    const bool direct = n.fb < 0 && s.tensor.scalar_type() == dtype_from_code(g.dtype) && s.tensor.is_contiguous() &&
                         s.tensor.device().is_cpu();
-    at::Tensor box = direct ? s.tensor : at::empty(n.box, at::TensorOptions().dtype(g.dtype));
+    at::Tensor box = direct ? s.tensor : at::empty(n.box, at::TensorOptions().dtype(dtype_from_code(g.dtype)));
     if (padded || !direct) box.zero_();
     const int64_t covered = m.fill_box(name, g, pieces, n.off, n.box, box);
     TORUS_CHECK(covered == need, ckpt::CheckpointError,
@@ -287,7 +214,7 @@ at::Tensor Checkpoint::read_full(const std::string& name) const {
   for (const auto& pc : g.pieces) {
     if (!pc.per_rank || pc.rank == g.pieces.front().rank) pieces.push_back(&pc);
   }
-  at::Tensor out = at::zeros(g.shape, at::TensorOptions().dtype(g.dtype));
+  at::Tensor out = at::zeros(g.shape, at::TensorOptions().dtype(dtype_from_code(g.dtype)));
   const int64_t covered = m.fill_box(name, g, pieces, std::vector<int64_t>(g.shape.size(), 0), g.shape, out);
   TORUS_CHECK(covered == numel_of(g.shape), ckpt::CheckpointError,
               "checkpoint: {}: the pieces of '{}' cover {} of its {} elements", m.path, name, covered,

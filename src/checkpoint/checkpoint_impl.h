@@ -1,84 +1,25 @@
 // Private: the state of an opened checkpoint (Checkpoint::Impl,
-// checkpoint.h): the manifest's files and tensors, read by open()
-// (manifest.cpp), and the files mapped so far, from which the pieces of a
-// tensor are assembled (assemble.cpp).
+// checkpoint.h): the LibTorch-free Stored (stored.h: the manifest's files
+// and tensors, read by read_manifest(), and the files mapped and verified
+// so far) with what the tensor readers add — the tensors' dtypes as
+// LibTorch's, and the pieces of a tensor assembled into any slice
+// (assemble.cpp).
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
-#include <cstdint>
-#include <future>
 #include <map>
-#include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
-#include "checkpoint/file_io.h"
-#include "checkpoint/format.h"
+#include "checkpoint/stored.h"
+#include "checkpoint/tensors.h"
 #include "torus/checkpoint/checkpoint.h"
-#include "torus/checkpoint/safetensors.h"
 
 namespace torus::ckpt {
 
-// One piece of a tensor as the manifest lists it: a box (or a flat range of
-// one) stored in one rank file.
-struct Piece {
-  int file = -1;  // index into files
-  int rank = -1;
-  std::vector<int64_t> off, box;
-  int64_t fb = -1, fe = -1;
-  bool per_rank = false;
-};
-
-// A tensor of the checkpoint: its global shape, dtype and pieces.
-struct GlobalTensor {
-  std::vector<int64_t> shape;
-  c10::ScalarType dtype = at::kFloat;
-  std::vector<Piece> pieces;
-};
-
-// A rank file as the manifest records it.
-struct FileRec {
-  std::string name;
-  int rank = -1;
-  uint64_t bytes = 0;
-  std::string sha256;
-};
-
-// A rank file once mapped (Checkpoint::Impl::file).
-struct OpenFile {
-  std::unique_ptr<MappedFile> map;
-  Header header;
-  std::shared_future<std::string> sha;  // computed beside the reads (Note [Verified reads])
-  bool checked = false;
-};
-
-struct Checkpoint::Impl {
-  std::string path;
-  RunInfo info;
-  std::vector<FileRec> files;
-  std::map<std::string, GlobalTensor> tensors;
-  std::map<std::string, std::string> aliases;
+struct Checkpoint::Impl : Stored {
   std::map<std::string, TensorInfo> listing;
-  mutable std::mutex mu;
-  mutable std::map<int, OpenFile> open;
-
-  // Note [Verified reads]: a file is mapped and its header validated when a
-  // piece of it is first needed; its SHA-256 is computed by a second thread
-  // meanwhile, and check() compares every file read so far with the
-  // manifest before a load returns — nothing read is handed back unverified.
-  const OpenFile& file(int index, bool hash = true) const;
-
-  static void start_hash(OpenFile& of);
-
-  // Every file opened (and hashed) so far against the manifest's SHA-256.
-  void check() const;
-
-  // Waits for every hash in flight (on the way out of a failed load).
-  void drain() const noexcept;
-
-  bool hash_reads = true;  // off: the caller verifies files itself (verify_files)
 
   // The data of a piece as a tensor of its stored shape (read-only memory).
   at::Tensor piece_tensor(const std::string& name, const Piece& pc, c10::ScalarType dtype) const;

@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "checkpoint/file_io.h"
-#include "checkpoint/format.h"
+#include "checkpoint/tensors.h"
 #include "core/log.h"
 
 namespace torus::ckpt {
@@ -25,14 +25,18 @@ std::map<std::string, at::Tensor> read_safetensors(const std::string& path) {
 
 void write_safetensors(const std::string& path, const std::map<std::string, at::Tensor>& tensors,
                        const std::map<std::string, std::string>& metadata) {
-  std::vector<Item> items;
-  for (const auto& [name, t] : tensors) items.push_back({name, t.detach().cpu().contiguous(), {}});
+  std::vector<at::Tensor> host;  // what the blobs point into
+  std::vector<Blob> blobs;
+  for (const auto& [name, t] : tensors) {
+    host.push_back(t.detach().cpu().contiguous());
+    blobs.push_back(blob_of(name, host.back()));
+  }
   const std::string tmp = path + ".tmp";
   std::error_code ignore;
   fs::remove(tmp, ignore);
   uint64_t bytes = 0;
   std::string sha;
-  write_safetensors_file(tmp, items, metadata, &bytes, &sha);
+  write_safetensors_file(tmp, blobs, metadata, &bytes, &sha);
   rename_durable(tmp, path);
 }
 

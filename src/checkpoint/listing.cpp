@@ -1,10 +1,11 @@
 // The checkpoints of a save directory (checkpoint.h): listing them with
-// their state, and removing one so that it is never half-seen as complete.
+// their state (removing one is remove_checkpoint, publish.cpp).
 #include <algorithm>
 
 #include "checkpoint/file_io.h"
 #include "checkpoint/format.h"
 #include "core/log.h"
+#include "torus/checkpoint/checkpoint.h"
 
 namespace torus::ckpt {
 
@@ -36,17 +37,6 @@ std::vector<Listed> list_checkpoints(const std::string& save_dir) {
     return a.step != b.step ? a.step < b.step : a.path < b.path;
   });
   return out;
-}
-
-void remove_checkpoint(const std::string& path) {
-  std::error_code ec;
-  const fs::path marker = fs::path(path) / kComplete;
-  if (fs::exists(marker)) {
-    fs::remove(marker, ec);
-    TORUS_CHECK(!ec, ckpt::CheckpointError, "checkpoint: cannot remove {}: {}", marker.string(), ec.message());
-    fsync_dir(path);
-  }
-  remove_tree(path);
 }
 
 }  // namespace torus::ckpt

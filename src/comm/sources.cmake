@@ -1,4 +1,5 @@
-# Torch-free comm: store, bootstrap, Work, types, backend factory.
+# Torch-free comm: store, bootstrap, Work, types, backend factory, the
+# agreement of a group on a local step (agree.h).
 target_sources(torus_base PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/types.cpp
   ${CMAKE_CURRENT_LIST_DIR}/work.cpp
@@ -11,7 +12,8 @@ target_sources(torus_base PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/context.cpp
   ${CMAKE_CURRENT_LIST_DIR}/mesh_layout.cpp
   ${CMAKE_CURRENT_LIST_DIR}/backend_registry.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/shared_host.cpp)
+  ${CMAKE_CURRENT_LIST_DIR}/shared_host.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/agree.cpp)
 # The tensor-facing layer, and the client of torchrun's agent store (LibTorch's).
 target_sources(torus PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/process_group.cpp

@@ -1,29 +1,21 @@
 // HostOffloadAdam (torus/optim/host_offload_adam.h): reduce-scatter on the
 // device, the norm and Adam on the host, all-gather on the device; its state
-// in safetensors files.
+// as flat host buffers (saved by the checkpoint layer).
 #include "torus/optim/host_offload_adam.h"
 
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <cmath>
 #include <cstring>
-#include <nlohmann/json.hpp>
 
-#include "checkpoint/file_io.h"
 #include "core/log.h"
 #include "kernels/cpu/reduce.h"
-#include "torus/checkpoint/safetensors.h"
+#include "torus/comm/agree.h"
 #include "torus/comm/backend.h"
 #include "torus/device/device.h"
 #include "torus/optim/cpu_adam_kernel.h"
 
 namespace torus::optim {
 namespace {
-
-using json = nlohmann::json;
 
 cpu::Dtype kernel_dtype(DType t) {
   switch (t) {
@@ -35,28 +27,12 @@ cpu::Dtype kernel_dtype(DType t) {
   throw InvalidArgument(fmt::format("HostOffloadAdam: parameters of dtype {} (f32, bf16 or f16)", dtype_name(t)));
 }
 
-constexpr const char* kFormat = "torus-host-adam-1";
-constexpr const char* kManifest = "host_adam.json";
-constexpr const char* kStateNames[3] = {"master", "exp_avg", "exp_avg_sq"};
-
-std::string rank_file(int rank) { return fmt::format("host_adam-rank-{:05d}.safetensors", rank); }
-
-// mkdir -p (POSIX: Note [No std::filesystem for trees] in checkpoint/file_io.h).
-void make_dirs(const std::string& dir) {
-  for (size_t at = 1; at <= dir.size(); ++at) {
-    if (at != dir.size() && dir[at] != '/') continue;
-    const std::string part = dir.substr(0, at);
-    if (::mkdir(part.c_str(), 0755) != 0 && errno != EEXIST) {
-      throw ckpt::CheckpointError(fmt::format("HostOffloadAdam: cannot create '{}': {}", part, std::strerror(errno)));
-    }
-  }
-}
-
-void remove_file(const std::string& path) {
-  if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
-    throw ckpt::CheckpointError(fmt::format("HostOffloadAdam: cannot remove '{}': {}", path, std::strerror(errno)));
-  }
-}
+// The global names of the state (optim/flat_state.h).
+constexpr const char* kMaster = "optim.master";
+constexpr const char* kExpAvg = "optim.exp_avg";
+constexpr const char* kExpAvgSq = "optim.exp_avg_sq";
+constexpr const char* kStepCount = "optim.step_count";
+constexpr const char* kOptimizer = "HostOffloadAdam";
 
 }  // namespace
 
@@ -184,15 +160,6 @@ float HostOffloadAdam::sum_over_dp(float v) {
   return v;
 }
 
-bool HostOffloadAdam::all_ok(bool ok) {
-  device::Device& dev = device::get_device(dp_.device_type());
-  int32_t failed = ok ? 0 : 1;
-  dev.copy(dev_scalar_, &failed, 4);
-  dp_.all_reduce(dev_scalar_, dev_scalar_, 1, DType::kI32, comm::ReduceOp::kMax, options_.timeout)->wait();
-  dev.copy(&failed, dev_scalar_, 4);
-  return failed == 0;
-}
-
 HostOffloadStep HostOffloadAdam::step(float grad_scale) {
   device::Device& dev = device::get_device(dp_.device_type());
   const size_t bytes = shard_ * dtype_size(dtype_);
@@ -264,196 +231,53 @@ void HostOffloadAdam::publish_params() {
   } catch (const std::exception& e) {
     error = e.what();
   }
-  if (!all_ok(error.empty())) {
-    throw ckpt::CheckpointError(fmt::format("HostOffloadAdam: writing the loaded parameters to the device failed{}",
-                                            error.empty() ? " on another rank" : ": " + error));
+  if (!comm::all_ok(dp_, error.empty(), options_.timeout)) {
+    throw Error(fmt::format("HostOffloadAdam: writing the loaded parameters to the device failed{}",
+                            error.empty() ? " on another rank" : ": " + error));
   }
   dp_.all_gather(dev_param_shard_, params_, shard_, dtype_, options_.timeout)->wait();
 }
 
-// Note [Host optimizer state files]: every rank writes its file under a
-// temporary name and renames it into place; the ranks agree (an i32 max over
-// dp) that all of them succeeded, gather the files' SHA-256s, and only then
-// does rank 0 write host_adam.json — after removing any earlier one first,
-// so a directory holds either a complete state or no manifest at all.
-void HostOffloadAdam::save(const std::string& dir) {
-  const int rank = dp_.rank(), size = dp_.size();
-  device::Device& dev = device::get_device(dp_.device_type());
-  auto fail = [&](const std::string& error, const char* stage) {
-    return ckpt::CheckpointError(
-        error.empty() ? fmt::format("HostOffloadAdam: {} in '{}' failed on another rank of group '{}'", stage, dir,
-                                    dp_.group().name)
-                      : fmt::format("HostOffloadAdam: {} in '{}' failed on rank {}: {}", stage, dir, rank, error));
+FlatState HostOffloadAdam::state_dict() const {
+  FlatState s;
+  const auto shard = [&](const char* name, const std::vector<float>& v) {
+    return FlatTensor{name, DType::kF32, numel_, offset_, shard_, v.data(), false};
   };
-  std::string error;
-  try {
-    make_dirs(dir);
-    if (rank == 0) remove_file(dir + "/" + kManifest);
-  } catch (const std::exception& e) {
-    error = e.what();
-  }
-  // Nobody writes a rank file before the old manifest is gone.
-  if (!all_ok(error.empty())) throw fail(error, "removing the old manifest");
-  // This rank's file, and its checksum on the device for the gather.
-  constexpr size_t kSha = 64;
-  device::DeviceBuffer mine, all;
-  try {
-    std::vector<ckpt::TensorEntry> entries;
-    uint64_t at = 0;
-    for (const char* name : kStateNames) {
-      entries.push_back({name, "F32", {static_cast<int64_t>(shard_)}, at, at + shard_ * sizeof(float)});
-      at += shard_ * sizeof(float);
-    }
-    const std::map<std::string, std::string> meta = {{"format", kFormat},
-                                                     {"numel", std::to_string(numel_)},
-                                                     {"offset", std::to_string(offset_)},
-                                                     {"dp_size", std::to_string(size)},
-                                                     {"steps", std::to_string(steps_)},
-                                                     {"dtype", std::string(dtype_name(dtype_))}};
-    const std::string path = dir + "/" + rank_file(rank);
-    const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
-    remove_file(tmp);
-    std::string sha;
-    try {
-      ckpt::FileWriter w(tmp);
-      const std::vector<uint8_t> header = ckpt::encode_header(entries, meta);
-      w.write(header.data(), header.size());
-      w.write(master_.data(), shard_ * sizeof(float));
-      w.write(exp_avg_.data(), shard_ * sizeof(float));
-      w.write(exp_avg_sq_.data(), shard_ * sizeof(float));
-      sha = w.close();
-      ckpt::rename_durable(tmp, path);
-    } catch (...) {
-      ::unlink(tmp.c_str());  // best effort: the partial file is never named by a manifest
-      throw;
-    }
-    sha.resize(kSha, ' ');
-    mine = device::DeviceBuffer(dp_.device_type(), kSha);
-    all = device::DeviceBuffer(dp_.device_type(), kSha * static_cast<size_t>(size));
-    dev.copy(mine.data(), sha.data(), kSha);
-  } catch (const std::exception& e) {
-    error = e.what();
-  }
-  if (!all_ok(error.empty())) throw fail(error, "writing the rank files");
-  dp_.all_gather(mine.data(), all.data(), kSha, DType::kU8, options_.timeout)->wait();
-  if (rank == 0) {
-    try {
-      std::string shas(kSha * static_cast<size_t>(size), ' ');
-      dev.copy(shas.data(), all.data(), shas.size());
-      json m;
-      m["format"] = kFormat;
-      m["numel"] = numel_;
-      m["dtype"] = std::string(dtype_name(dtype_));
-      m["dp_size"] = size;
-      m["steps"] = steps_;
-      m["files"] = json::array();
-      for (int r = 0; r < size; ++r) {
-        m["files"].push_back({{"name", rank_file(r)},
-                              {"offset", shard_ * static_cast<size_t>(r)},
-                              {"numel", shard_},
-                              {"sha256", shas.substr(kSha * static_cast<size_t>(r), kSha)}});
-      }
-      const std::string path = dir + "/" + kManifest;
-      const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
-      remove_file(tmp);
-      ckpt::write_file(tmp, m.dump(1) + "\n");
-      ckpt::rename_durable(tmp, path);
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
-  }
-  if (!all_ok(error.empty())) throw fail(error, std::string("writing ").append(kManifest).c_str());
+  s.tensors = {shard(kMaster, master_), shard(kExpAvg, exp_avg_), shard(kExpAvgSq, exp_avg_sq_),
+               FlatTensor{kStepCount, DType::kI64, 1, 0, 1, &steps_, true}};
+  s.meta = {{"optimizer", kOptimizer}, {"param_dtype", std::string(dtype_name(dtype_))}};
+  return s;
 }
 
-void HostOffloadAdam::load(const std::string& dir) {
-  std::vector<float> master, exp_avg, exp_avg_sq;
+void HostOffloadAdam::load_state_dict(const FlatState& state) {
+  const FlatState mine = state_dict();
+  TORUS_CHECK(state.meta == mine.meta, InvalidArgument,
+              "HostOffloadAdam: the state is of {} ({} parameters), this optimizer is {} ({} parameters)",
+              state.meta.count("optimizer") ? state.meta.at("optimizer") : "another optimizer",
+              state.meta.count("param_dtype") ? state.meta.at("param_dtype") : "unknown",
+              mine.meta.at("optimizer"), mine.meta.at("param_dtype"));
+  TORUS_CHECK(state.tensors.size() == mine.tensors.size(), InvalidArgument,
+              "HostOffloadAdam: the state holds {} tensors, not {}", state.tensors.size(), mine.tensors.size());
+  for (const FlatTensor& want : mine.tensors) {
+    const FlatTensor* t = state.find(want.name);
+    TORUS_CHECK(t != nullptr, InvalidArgument, "HostOffloadAdam: the state lacks '{}'", want.name);
+    TORUS_CHECK(t->dtype == want.dtype && t->global_numel == want.global_numel && t->offset == want.offset &&
+                    t->numel == want.numel && t->data != nullptr,
+                InvalidArgument,
+                "HostOffloadAdam: '{}' is {} elements [{}, +{}) of {} in the state, {} [{}, +{}) of {} here",
+                want.name, dtype_name(t->dtype), t->offset, t->numel, t->global_numel, dtype_name(want.dtype),
+                want.offset, want.numel, want.global_numel);
+  }
   int64_t steps = 0;
-  std::string error;
-  try {
-    master.resize(shard_);
-    exp_avg.resize(shard_);
-    exp_avg_sq.resize(shard_);
-    const std::string manifest_path = dir + "/" + kManifest;
-    ckpt::MappedFile mf(manifest_path);
-    json m;
-    try {
-      m = json::parse(std::string_view(reinterpret_cast<const char*>(mf.data()), mf.size()));
-    } catch (const json::exception& e) {
-      throw ckpt::CheckpointError(fmt::format("'{}' is not valid JSON: {}", manifest_path, e.what()));
-    }
-    auto bad = [&](const std::string& why) {
-      return ckpt::CheckpointError(fmt::format("'{}': {}", manifest_path, why));
-    };
-    // Every key is looked up with contains()/at() (nothing read from the file
-    // is trusted: a missing key is an error, never undefined behaviour).
-    auto has = [](const json& o, const char* key, bool (json::*is)() const noexcept) {
-      return o.is_object() && o.contains(key) && (o.at(key).*is)();
-    };
-    if (!has(m, "format", &json::is_string) || m.at("format").get<std::string>() != kFormat) {
-      throw bad(fmt::format("not a {} manifest", kFormat));
-    }
-    if (!has(m, "numel", &json::is_number_unsigned) || m.at("numel").get<uint64_t>() != numel_) {
-      throw bad(fmt::format("holds {} elements, this optimizer has {}",
-                            m.contains("numel") ? m.at("numel").dump() : "no", numel_));
-    }
-    if (!has(m, "dtype", &json::is_string) || m.at("dtype").get<std::string>() != std::string(dtype_name(dtype_))) {
-      throw bad(fmt::format("was saved for {} parameters, these are {}",
-                            m.contains("dtype") ? m.at("dtype").dump() : "unknown", dtype_name(dtype_)));
-    }
-    if (!has(m, "steps", &json::is_number_integer) || m.at("steps").get<int64_t>() < 0) {
-      throw bad("steps is not a count");
-    }
-    steps = m.at("steps").get<int64_t>();
-    if (!has(m, "files", &json::is_array) || m.at("files").empty()) throw bad("names no files");
-    // The files must tile [0, numel) in order.
-    size_t covered = 0, filled = 0;
-    for (const json& f : m.at("files")) {
-      if (!has(f, "name", &json::is_string) || !has(f, "offset", &json::is_number_unsigned) ||
-          !has(f, "numel", &json::is_number_unsigned) || !has(f, "sha256", &json::is_string)) {
-        throw bad("a file entry lacks name, offset, numel or sha256");
-      }
-      const std::string name = f.at("name").get<std::string>();
-      if (name.empty() || name.find('/') != std::string::npos || name[0] == '.') {
-        throw bad(fmt::format("file name '{}' is not a plain name", name));
-      }
-      const size_t off = f.at("offset").get<size_t>(), n = f.at("numel").get<size_t>();
-      if (off != covered || n > numel_ - covered) throw bad("the files do not cover the elements once, in order");
-      covered += n;
-      const size_t lo = std::max(off, offset_), hi = std::min(off + n, offset_ + shard_);
-      if (lo >= hi) continue;  // none of this rank's elements
-      const std::string path = dir + "/" + name;
-      const std::string want = f.at("sha256").get<std::string>();
-      const std::string got = ckpt::sha256_file(path);
-      if (got != want) throw bad(fmt::format("'{}' has SHA-256 {}, the manifest says {}", path, got, want));
-      ckpt::MappedFile file(path);
-      const ckpt::Header h = ckpt::parse_header(std::span<const uint8_t>(file.data(), file.size()), file.size(), path);
-      float* into[3] = {master.data(), exp_avg.data(), exp_avg_sq.data()};
-      for (int k = 0; k < 3; ++k) {
-        const ckpt::TensorEntry* e = h.find(kStateNames[k]);
-        if (e == nullptr || e->dtype != "F32" || e->shape != std::vector<int64_t>{static_cast<int64_t>(n)}) {
-          throw ckpt::CheckpointError(fmt::format("'{}' lacks an f32 '{}' of {} elements", path, kStateNames[k], n));
-        }
-        std::memcpy(into[k] + (lo - offset_), file.data() + h.data_offset + e->begin + (lo - off) * sizeof(float),
-                    (hi - lo) * sizeof(float));
-      }
-      filled += hi - lo;
-    }
-    if (covered != numel_ || filled != shard_) {
-      throw bad(fmt::format("the files cover {} of {} elements", covered, numel_));
-    }
-  } catch (const std::exception& e) {
-    error = e.what();
-  }
-  // Nothing changes unless every rank could read its part.
-  if (!all_ok(error.empty())) {
-    throw ckpt::CheckpointError(
-        error.empty() ? fmt::format("HostOffloadAdam: loading '{}' failed on another rank of group '{}'", dir,
-                                    dp_.group().name)
-                      : fmt::format("HostOffloadAdam: loading '{}' failed on rank {}: {}", dir, dp_.rank(), error));
-  }
-  master_ = std::move(master);
-  exp_avg_ = std::move(exp_avg);
-  exp_avg_sq_ = std::move(exp_avg_sq);
+  std::memcpy(&steps, state.find(kStepCount)->data, sizeof steps);
+  TORUS_CHECK(steps >= 0, InvalidArgument, "HostOffloadAdam: the state's step count {} is negative", steps);
+  const auto take = [&](const char* name, std::vector<float>& into) {
+    const float* from = static_cast<const float*>(state.find(name)->data);
+    std::copy(from, from + shard_, into.begin());
+  };
+  take(kMaster, master_);
+  take(kExpAvg, exp_avg_);
+  take(kExpAvgSq, exp_avg_sq_);
   steps_ = steps;
   publish_params();
 }

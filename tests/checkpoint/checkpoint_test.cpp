@@ -8,7 +8,8 @@
 //    of another checkpoint, no COMPLETE marker — each refused naming the file;
 //  * a disk that fills during a save (injected ENOSPC): the error names the
 //    file and errno, the previous checkpoint stays the newest complete one;
-//  * export to one safetensors file of full, unpadded tensors.
+//  * export to one safetensors file of full, unpadded tensors;
+//  * a checkpoint written from host buffers (buffers.h) read as any other.
 #include <ATen/Functions.h>
 #include <gtest/gtest.h>
 
@@ -374,6 +375,78 @@ TEST(Export, OneFileOfFullUnpaddedTensors) {
     EXPECT_EQ(back.at(k).scalar_type(), v.scalar_type()) << k;
     EXPECT_TRUE(at::equal(back.at(k), v)) << k;
   }
+}
+
+// The buffer-level writer (buffers.h: the one the tensor write_rank and the
+// flat states of buffer-level optimizers use) makes an ordinary checkpoint:
+// two ranks' flat halves of a 1-D tensor, a whole 2-D box and a replicated
+// counter from host buffers read back through Checkpoint, resharded into
+// another flat range, with the manifest's state object kept.
+TEST(Buffers, FlatStatesAreOrdinaryCheckpoints) {
+  const std::string dir = fresh_dir("buffers");
+  const std::vector<float> m = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+  const std::vector<uint16_t> half = {0x3f80, 0x4000, 0x4040, 0x4080};  // bf16 1, 2, 3, 4 as a 2x2 box
+  const int64_t steps = 12;
+  RunInfo info = info_for(5, 2);
+  info.state = R"({"param_dtype":"bf16"})";
+  RankWrite first;
+  for (int r = 1; r >= 0; --r) {
+    BufferState s;
+    BufferSlice flat;
+    flat.data = m.data() + 5 * r;
+    flat.dtype = "F32";
+    flat.shape = {5};
+    flat.global_shape = {10};
+    flat.flat_begin = 5 * r;
+    flat.flat_end = 5 * r + 5;
+    s["optim.master"] = flat;
+    if (r == 0) {
+      BufferSlice box;
+      box.data = half.data();
+      box.dtype = "BF16";
+      box.shape = {2, 2};
+      box.global_shape = {2, 2};
+      s["model.w"] = box;
+      BufferSlice count;
+      count.data = &steps;
+      count.dtype = dtype_code(DType::kI64);
+      count.shape = {1};
+      count.global_shape = {1};
+      s["optim.step_count"] = count;
+    }
+    RankWrite w = write_rank_buffers(dir, r, s, info);
+    if (r == 0) first = w;
+  }
+  const Checkpoint ck = Checkpoint::open(finalize(first, info));
+  ck.verify();
+  EXPECT_EQ(ck.info().state, R"({"param_dtype":"bf16"})");
+  EXPECT_TRUE(at::equal(ck.read_full("optim.master"), at::arange(1, 11, at::TensorOptions().dtype(at::kFloat))));
+  EXPECT_TRUE(at::equal(ck.read_full("model.w"),
+                        at::arange(1, 5, at::TensorOptions().dtype(at::kBFloat16)).reshape({2, 2})));
+  EXPECT_EQ(ck.read_full("optim.step_count").item<int64_t>(), steps);
+  // Another split: elements [3, 8) as a flat range.
+  ShardedState target;
+  TensorSlice t;
+  t.tensor = at::zeros({5});
+  t.global_shape = {10};
+  t.flat_begin = 3;
+  t.flat_end = 8;
+  target["optim.master"] = t;
+  EXPECT_TRUE(ck.load_into(target, 0, false).empty());
+  EXPECT_TRUE(at::equal(target.at("optim.master").tensor, at::arange(4, 9, at::TensorOptions().dtype(at::kFloat))));
+  // The engine's manifests carry no state object: read as "{}".
+  EXPECT_EQ(Checkpoint::open(save_source(dir, 6)).info().state, "{}");
+  // A whole box reaching past its tensor is refused (only the tensor writer crops).
+  BufferState bad;
+  BufferSlice past;
+  past.data = m.data();
+  past.dtype = "F32";
+  past.shape = {4};
+  past.global_shape = {10};
+  past.box_offset = {8};
+  past.box_shape = {4};
+  bad["x"] = past;
+  EXPECT_THROW(write_rank_buffers(dir, 0, bad, info_for(7, 1)), InvalidArgument);
 }
 
 }  // namespace

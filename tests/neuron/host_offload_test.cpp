@@ -21,6 +21,7 @@
 
 #include "checkpoint/file_io.h"
 #include "kernels/cpu/reduce.h"
+#include "torus/checkpoint/flat_state.h"
 #include "torus/checkpoint/safetensors.h"
 #include "torus/core/error.h"
 #include "torus/device/device.h"
@@ -229,6 +230,20 @@ struct SharedDir {
   std::string path;
 };
 
+// The state of `opt` saved in the checkpoint format as step opt.steps()
+// under `dir`, and loaded back (collective over `g`).
+std::string save_state(Backend& g, const optim::HostOffloadAdam& opt, const std::string& dir) {
+  ckpt::RunInfo info;
+  info.run_id = "host-adam-test";
+  info.step = opt.steps();
+  ckpt::FlatSaveOptions so;
+  so.timeout = op_timeout();
+  return ckpt::save_flat_state(g, dir, opt.state_dict(), info, so);
+}
+void load_state(Backend& g, optim::HostOffloadAdam& opt, const std::string& path) {
+  opt.load_state_dict(ckpt::read_flat_state(g, path, opt.state_dict(), op_timeout()).state());
+}
+
 // save, two more steps; a fresh optimizer (other parameters) loads and takes
 // the same two steps: equal parameters and state. Then the state loads on
 // every dp size that divides the elements — here one rank alone — into the
@@ -257,7 +272,7 @@ TEST(HostOffloadAdam, SaveAndLoadResumeExactlyOnAnyDpSize) {
   };
   optim::HostOffloadAdam a(w, params.mem.data(), grads.mem.data(), numel, dtype, o);
   run(a, 1, 2);
-  a.save(dir.path);
+  const std::string saved = save_state(w, a, dir.path);
   const std::vector<float> master_at_save(a.master(), a.master() + a.shard_numel());
   run(a, 3, 4);
   const std::vector<float> after = params.download();
@@ -265,7 +280,7 @@ TEST(HostOffloadAdam, SaveAndLoadResumeExactlyOnAnyDpSize) {
   Flat other(dtype, numel);
   other.upload(std::vector<float>(numel, 0.0f));
   optim::HostOffloadAdam b(w, other.mem.data(), grads.mem.data(), numel, dtype, o);
-  b.load(dir.path);
+  load_state(w, b, saved);
   EXPECT_EQ(b.steps(), 2);
   EXPECT_EQ(std::vector<float>(b.master(), b.master() + b.shard_numel()), master_at_save);
   run(b, 3, 4);
@@ -278,7 +293,7 @@ TEST(HostOffloadAdam, SaveAndLoadResumeExactlyOnAnyDpSize) {
   Flat solo(dtype, numel), solo_grads(dtype, numel);
   solo.upload(std::vector<float>(numel, 0.0f));
   optim::HostOffloadAdam c(*alone, solo.mem.data(), solo_grads.mem.data(), numel, dtype, o);
-  c.load(dir.path);
+  load_state(*alone, c, saved);
   EXPECT_EQ(c.shard_numel(), numel);
   std::vector<float> mine(c.master() + a.shard_offset(), c.master() + a.shard_offset() + a.shard_numel());
   EXPECT_EQ(mine, master_at_save);
@@ -290,12 +305,15 @@ TEST(HostOffloadAdam, SaveAndLoadResumeExactlyOnAnyDpSize) {
   const size_t more = numel + static_cast<size_t>(w.size());
   Flat wrong(dtype, more), wrong_grads(dtype, more);
   optim::HostOffloadAdam d(w, wrong.mem.data(), wrong_grads.mem.data(), more, dtype, o);
-  EXPECT_THROW(d.load(dir.path), ckpt::CheckpointError);  // another number of elements
+  EXPECT_THROW(load_state(w, d, saved), ckpt::CheckpointError);  // another number of elements
   Flat f32(DType::kF32, numel), f32_grads(DType::kF32, numel);
   optim::HostOffloadAdam e(w, f32.mem.data(), f32_grads.mem.data(), numel, DType::kF32, o);
-  EXPECT_THROW(e.load(dir.path), ckpt::CheckpointError);  // saved for bf16
+  EXPECT_THROW(load_state(w, e, saved), ckpt::CheckpointError);  // saved for bf16
+  // The same refusals from the optimizer itself, before any collective.
+  EXPECT_THROW(d.load_state_dict(b.state_dict()), InvalidArgument);
+  EXPECT_THROW(e.load_state_dict(b.state_dict()), InvalidArgument);
   if (w.rank() == 0) {  // one byte of the last rank's file changes
-    const std::string f = fmt::format("{}/host_adam-rank-{:05d}.safetensors", dir.path, w.size() - 1);
+    const std::string f = fmt::format("{}/rank-{:05d}.safetensors", saved, w.size() - 1);
     FILE* fp = std::fopen(f.c_str(), "r+b");
     ASSERT_NE(fp, nullptr);
     std::fseek(fp, -3, SEEK_END);
@@ -304,7 +322,7 @@ TEST(HostOffloadAdam, SaveAndLoadResumeExactlyOnAnyDpSize) {
   }
   wait_ok(w.barrier(op_timeout()), "barrier after the corruption");
   try {
-    b.load(dir.path);
+    load_state(w, b, saved);
     ADD_FAILURE() << "a corrupt state was loaded";
   } catch (const ckpt::CheckpointError& err) {
     if (w.rank() == w.size() - 1) EXPECT_NE(std::string(err.what()).find("SHA-256"), std::string::npos) << err.what();
@@ -312,7 +330,39 @@ TEST(HostOffloadAdam, SaveAndLoadResumeExactlyOnAnyDpSize) {
   EXPECT_EQ(std::vector<float>(b.master(), b.master() + b.shard_numel()), before);
   EXPECT_EQ(b.steps(), 4);
   SharedDir empty("empty");
-  EXPECT_THROW(b.load(empty.path), ckpt::CheckpointError);  // no manifest
+  EXPECT_THROW(load_state(w, b, empty.path), ckpt::CheckpointError);  // no checkpoint
+}
+
+// A save that fails on one rank (a full disk on the last one) fails on
+// every rank and publishes nothing: the step has no checkpoint and its
+// temporary directory is gone; the same save succeeds afterwards.
+TEST(HostOffloadAdam, AnInterruptedSaveLeavesNoCheckpoint) {
+  Backend& w = world();
+  SharedDir dir("interrupted");
+  const DType dtype = DType::kF32;
+  Flat params = initial_params(dtype);
+  Flat grads(dtype, params.numel);
+  optim::HostOffloadAdamOptions o;
+  o.timeout = op_timeout();
+  optim::HostOffloadAdam opt(w, params.mem.data(), grads.mem.data(), params.numel, dtype, o);
+  const std::string step = fmt::format("{}/step-{:08d}", dir.path, 0);
+  if (w.rank() == w.size() - 1) ckpt::inject_write_failure(100);
+  try {
+    save_state(w, opt, dir.path);
+    ADD_FAILURE() << "a save with a full disk on rank " << w.size() - 1 << " succeeded";
+  } catch (const ckpt::CheckpointError& err) {
+    if (w.rank() == w.size() - 1) {
+      EXPECT_NE(std::string(err.what()).find("No space left on device"), std::string::npos) << err.what();
+    }
+  }
+  ckpt::inject_write_failure(-1);
+  wait_ok(w.barrier(op_timeout()), "barrier after the failed save");
+  EXPECT_NE(::access((step + "/COMPLETE").c_str(), F_OK), 0);
+  EXPECT_NE(::access((step + ".tmp-host-adam-test").c_str(), F_OK), 0);
+  EXPECT_THROW(load_state(w, opt, step), ckpt::CheckpointError);
+  EXPECT_EQ(save_state(w, opt, dir.path), step);
+  load_state(w, opt, step);
+  EXPECT_EQ(opt.steps(), 0);
 }
 
 TEST(HostOffloadAdam, RefusesBadBuffers) {

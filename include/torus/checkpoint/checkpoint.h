@@ -2,6 +2,10 @@
 // files plus a JSON manifest, written atomically, verified on load, and
 // loadable into any other parallel layout (docs/checkpoint.md).
 //
+// This header is the format over LibTorch tensors; the same format over
+// host buffers, free of LibTorch, is buffers.h (RunInfo,
+// write_rank_buffers, finalize), which this one comes down to.
+//
 // The layer knows tensors and slices, not models or trainers: the training
 // engine describes its state as a ShardedState (every tensor under its
 // global name with the slice of the global tensor this rank holds), and
@@ -50,11 +54,10 @@
 #include <string>
 #include <vector>
 
+#include "torus/checkpoint/buffers.h"
 #include "torus/checkpoint/safetensors.h"
 
 namespace torus::ckpt {
-
-inline constexpr int kFormatVersion = 1;
 
 // One piece of a global tensor (Note [Slices]).
 struct TensorSlice {
@@ -73,41 +76,13 @@ struct TensorSlice {
 };
 using ShardedState = std::map<std::string, TensorSlice>;
 
-// What the manifest says about the run, besides the tensors.
-struct RunInfo {
-  std::string run_id;     // the run that wrote it (every rank file carries it)
-  int64_t step = 0;       // optimizer steps taken
-  // JSON objects, as text (compared on load by the training loop):
-  std::string layout = "{}";   // tp, pp, dp, ep, zero, precision, schedule, ...
-  std::string model = "{}";    // the model's configuration
-  std::string data = "{}";     // source, sha256, position
-  std::string metrics = "{}";  // what continuing the plots needs
-  std::string options = "{}";  // every option of the run (for the record)
-  int world_size = 1;
-};
-
-struct SaveOptions {
-  double peer_timeout_s = 600;  // rank 0: how long to wait for the other ranks' files
-};
-
-// Where a rank's save stands after write_rank() (Note [Atomic save]).
-struct RankWrite {
-  std::string tmp_dir;
-  std::string final_dir;
-  std::string file;        // this rank's safetensors file
-  uint64_t bytes = 0;
-  std::string sha256;
-};
-
 // Writes this rank's slices into <save_dir>/step-N.tmp-<run id> (creating
 // it) and its .done.json. Tensors are read as they are: call on a snapshot
 // (snapshot()) when training goes on meanwhile. Throws CheckpointError.
+// Whole boxes are cropped to the global shape (Note [Slices]) and copied to
+// the host; write_rank_buffers (buffers.h) writes them. Rank 0
+// then publishes the checkpoint with finalize() (buffers.h).
 RankWrite write_rank(const std::string& save_dir, int rank, const ShardedState& state, const RunInfo& info);
-
-// Rank 0, after its own write_rank(): waits for every rank's .done.json,
-// writes the manifest, renames the directory into place and writes
-// COMPLETE. Returns the checkpoint's path. No collective.
-std::string finalize(const RankWrite& mine, const RunInfo& info, const SaveOptions& options = {});
 
 // A copy of `state` that training may not change: every tensor copied to
 // host memory (pinned when it lives on a CUDA device), contiguous.
@@ -177,10 +152,6 @@ struct Listed {
 // The checkpoints under `save_dir` (step-N directories and leftover .tmp
 // ones), oldest first. Checks structure (Checkpoint::open), not checksums.
 std::vector<Listed> list_checkpoints(const std::string& save_dir);
-
-// Deletes a checkpoint so that it can never look complete half-way:
-// COMPLETE first (and the directory fsynced), then the rest.
-void remove_checkpoint(const std::string& path);
 
 // Writes the model tensors (names starting with `prefix`, which is stripped)
 // of a checkpoint as one consolidated safetensors file of full, unpadded

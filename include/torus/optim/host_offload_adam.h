@@ -33,16 +33,17 @@
 // the padding's gradients should be zero (its parameters then stay as they
 // are).
 //
-// State: save(dir) writes each rank's master weights and moments
-// (host_adam-rank-<r>.safetensors, f32) and, last, host_adam.json naming
-// every file with its SHA-256; load(dir) reads them back on any dp size for
-// which the (padded) element count is the same (each rank takes its shard's
-// elements from the files that hold them),
-// checks sizes and checksums, and rewrites the device parameters from the
-// master weights. Both are collective over dp; a failure on any rank fails
-// all of them with CheckpointError before anything is changed (load) or
-// before the manifest is written (save: an interrupted save leaves no
-// host_adam.json, so it is never taken for a complete one).
+// State: state_dict() hands out this rank's master weights and moments as
+// flat host buffers (optim/flat_state.h), each its shard of a global f32
+// tensor of numel elements ("optim.master", "optim.exp_avg",
+// "optim.exp_avg_sq"), with the step count ("optim.step_count", I64,
+// replicated) and the parameters' dtype as meta ("param_dtype"). The
+// checkpoint layer saves them in the Torus checkpoint format and reads them
+// back on any dp size for which the (padded) element count is the same
+// (checkpoint/flat_state.h: verified, agreed over dp, CheckpointError on
+// every rank before anything changes); load_state_dict() then takes them
+// and rewrites the device parameters from the master weights. No file I/O
+// here.
 //
 // Errors: a non-multiple numel, an unsupported dtype, overlapping or
 // out-of-range groups, a backend on another device or null buffers throw
@@ -61,6 +62,7 @@
 #include "torus/comm/types.h"
 #include "torus/core/dtype.h"
 #include "torus/optim/cpu_adam_kernel.h"
+#include "torus/optim/flat_state.h"
 
 namespace torus::comm {
 class Backend;
@@ -111,10 +113,15 @@ class HostOffloadAdam {
   // gradient (1 / loss scale, ...) before the norm is taken.
   HostOffloadStep step(float grad_scale = 1.0f);
 
-  // The optimizer state to and from the directory `dir` (created if
-  // missing); collective over dp (see above).
-  void save(const std::string& dir);
-  void load(const std::string& dir);
+  // This rank's state (see above): views of the live buffers, valid until
+  // the next step() or load_state_dict(). Not collective.
+  FlatState state_dict() const;
+  // Takes a state of the same shape as state_dict()'s (names, dtypes,
+  // element ranges, meta: InvalidArgument naming the first difference,
+  // before anything changes), then writes the device parameters from the
+  // new master weights (collective over dp; a device copy failing on any
+  // rank throws Error on every rank, before the all-gather).
+  void load_state_dict(const FlatState& state);
 
   int64_t steps() const { return steps_; }
   size_t shard_numel() const { return shard_; }
@@ -133,7 +140,6 @@ class HostOffloadAdam {
   };
   double grad_sum_squares(const void* host_grad) const;
   float sum_over_dp(float v);  // an f32 sum over dp
-  bool all_ok(bool ok);         // whether every rank of dp says ok (an i32 max over dp)
   void publish_params();  // master -> host_param (rounded) -> device shard -> all_gather into params_
 
   comm::Backend& dp_;
@@ -150,7 +156,7 @@ class HostOffloadAdam {
   std::vector<float> host_grad32_, host_param32_;     // f32 staging
   int64_t steps_ = 0;
   std::vector<Segment> segments_;
-  void* dev_scalar_ = nullptr;  // one f32/i32 for the norm and the agreements
+  void* dev_scalar_ = nullptr;  // one f32 for the norm
 };
 
 }  // namespace torus::optim
