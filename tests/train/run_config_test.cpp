@@ -3,6 +3,8 @@
 #include "torus/run/run_config.h"
 
 #include <gtest/gtest.h>
+
+#include <algorithm>
 #include <unistd.h>
 
 #include <cstdio>
@@ -82,6 +84,25 @@ TEST(RunConfig, RepeatedOptionTakesTheLast) {
   EXPECT_EQ(parse({}).layout.resolved(2).num_micro, 1);
   EXPECT_EQ(parse({"--pp", "2"}).layout.resolved(2).num_micro, 4);
   EXPECT_EQ(parse({"--pp", "2", "--micro-batches", "2"}).layout.resolved(2).num_micro, 2);
+}
+
+// Note [One layout]: every field of the layout is an option of the run, by
+// the same name, and its JSON record and values carry it — no field list here.
+TEST(RunConfig, EveryLayoutFieldIsAnOption) {
+  const std::vector<std::string> names = run_option_names();
+  RunConfig c;
+  c.layout.tp = 3;
+  const auto j = nlohmann::json::parse(c.to_json());
+  for (const parallel::LayoutField& f : parallel::layout_fields()) {
+    EXPECT_NE(std::find(names.begin(), names.end(), f.name), names.end()) << f.name;
+    EXPECT_TRUE(j.contains(f.name)) << f.name;
+    // The option parses into the layout through the field's own setter.
+    if (f.kind != parallel::LayoutField::Kind::kBool) {
+      const std::string v = f.get(c.layout);
+      if (!v.empty()) EXPECT_EQ(f.get(parse({"--" + f.name, v}).layout), v) << f.name;
+    }
+  }
+  EXPECT_EQ(j["tp"], 3);
 }
 
 TEST(RunConfig, ConfigFileThenFlags) {
